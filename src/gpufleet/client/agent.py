@@ -1,0 +1,67 @@
+"""The agent side of the agent protocol: send report batches with a node token."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import httpx
+
+from gpufleet.client.errors import ApiError, ServerUnreachable
+from gpufleet.client.http import raise_for_error
+from gpufleet.core.agent_protocol import ReportAck, ReportBatch
+
+REPORTS_PATH = "/api/v1/agent/reports"
+
+
+class AgentClient:
+    """Async client used by the real agent and the simulated ones.
+
+    Pass ``transport`` to share one connection pool between many simulated agents.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        node_token: str,
+        timeout_s: float = 10.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._own_http = http is None
+        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        self._base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {node_token}"}
+
+    def set_token(self, node_token: str) -> None:
+        self._headers = {"Authorization": f"Bearer {node_token}"}
+
+    async def send_reports(self, batch: ReportBatch) -> ReportAck:
+        """POST one batch. Raises ``ApiError`` on a 4xx/5xx, ``ServerUnreachable`` if down."""
+        try:
+            response = await self._http.post(
+                self._base_url + REPORTS_PATH,
+                content=batch.model_dump_json(exclude_none=True),
+                headers={**self._headers, "Content-Type": "application/json"},
+            )
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{self._base_url}: {exc!r}") from exc
+        raise_for_error(response)
+        return ReportAck.model_validate_json(response.content)
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+__all__ = ["AgentClient", "ApiError", "ServerUnreachable"]

@@ -1,0 +1,72 @@
+"""The agent protocol: what a node agent sends the server, and what it gets back.
+
+Shared by the real agent, the simulated agents and the server, so all three speak one
+schema. A node authenticates with its own node token. Reports carry a per-node sequence
+number that only grows; the server acknowledges the highest one it has stored and drops
+any it has already seen, so an agent may resend a batch after a timeout without harm.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_GPUS_PER_NODE = 64
+MAX_REPORTS_PER_BATCH = 500
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+NonNegInt = Annotated[int, Field(ge=0, le=2**53)]
+
+
+class GpuSample(_Wire):
+    """One GPU's telemetry at one instant (units in the field names)."""
+
+    index: Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE)]
+    uuid: Annotated[str, Field(min_length=1, max_length=80)]
+    serial: Annotated[str | None, Field(max_length=80)] = None
+    model: Annotated[str | None, Field(max_length=120)] = None
+    utilization_pct: Annotated[float, Field(ge=0, le=100)]
+    memory_used_mib: Annotated[float, Field(ge=0, le=10_000_000)]
+    memory_total_mib: Annotated[float, Field(ge=0, le=10_000_000)]
+    temperature_c: Annotated[float, Field(ge=-50, le=200)]
+    power_w: Annotated[float, Field(ge=0, le=10_000)]
+    sm_clock_mhz: Annotated[float, Field(ge=0, le=10_000)]
+    ecc_sbe_volatile: NonNegInt = 0
+    ecc_dbe_volatile: NonNegInt = 0
+    ecc_sbe_aggregate: NonNegInt = 0
+    ecc_dbe_aggregate: NonNegInt = 0
+
+
+class NodeIdentity(_Wire):
+    """What a node says about itself; sent with the first report after agent start."""
+
+    hostname: Annotated[str, Field(min_length=1, max_length=253)]
+    serial: Annotated[str | None, Field(max_length=120)] = None
+    agent_version: Annotated[str | None, Field(max_length=40)] = None
+
+
+class NodeReport(_Wire):
+    seq: Annotated[int, Field(ge=1, le=2**62)]
+    sampled_at: dt.datetime
+    gpus: Annotated[list[GpuSample], Field(max_length=MAX_GPUS_PER_NODE)]
+
+
+class ReportBatch(_Wire):
+    """Reports in the order they were sampled (increasing ``seq``)."""
+
+    identity: NodeIdentity | None = None
+    reports: Annotated[list[NodeReport], Field(min_length=1, max_length=MAX_REPORTS_PER_BATCH)]
+
+
+class ReportAck(_Wire):
+    node_id: str
+    accepted: int  # reports stored by this call
+    duplicates: int  # reports with a seq the server had already stored
+    last_seq: int  # the highest seq the server holds for this node
+    report_interval_s: float  # how often the server wants a report

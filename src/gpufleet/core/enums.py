@@ -1,0 +1,128 @@
+"""Enumerations of the domain. Stored as their string values."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """A user's role in one project."""
+
+    ADMIN = "admin"  # control plane: clusters, node actions, repairs, policy, members
+    MEMBER = "member"  # data plane: see clusters, run workloads and active checks
+
+
+class SchedulerKind(StrEnum):
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+    SIM = "sim"
+
+
+class ProviderKind(StrEnum):
+    SIM = "sim"
+    STATIC = "static"
+    REDFISH = "redfish"
+    AWS = "aws"
+
+
+class ClusterStatus(StrEnum):
+    PROVISIONING = "provisioning"
+    ACCEPTANCE = "acceptance"
+    READY = "ready"
+    DEGRADED = "degraded"
+    DELETING = "deleting"
+    DELETED = "deleted"
+    FAILED = "failed"
+
+
+class NodeState(StrEnum):
+    """Where a node is in its lifecycle (not whether it is healthy: see ``Health``)."""
+
+    PROVISIONING = "provisioning"
+    ACCEPTANCE = "acceptance"
+    IN_SERVICE = "in_service"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    REPAIRING = "repairing"
+    REMOVING = "removing"
+    REMOVED = "removed"
+    FAILED = "failed"
+
+
+class Health(StrEnum):
+    """Health of a GPU, node or cluster. ``unknown`` is never shown as healthy."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+    UNKNOWN = "unknown"
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    FATAL = "fatal"
+
+
+class FindingSource(StrEnum):
+    KERNEL_LOG = "kernel-log"
+    NVML = "nvml"
+    DCGM = "dcgm"
+    INFINIBAND = "infiniband"
+    SCHEDULER = "scheduler"
+    ACTIVE_CHECK = "active-check"
+    AGENT = "agent"
+    SIM = "sim"
+
+
+class RepairAction(StrEnum):
+    """From least to most drastic."""
+
+    NONE = "none"
+    RESTART_WORKLOAD = "restart_workload"
+    RESET_GPU = "reset_gpu"
+    REBOOT = "reboot"
+    REPROVISION = "reprovision"
+    FAILOVER = "failover"
+    REMOVE = "remove"
+
+
+class RepairStatus(StrEnum):
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    SUPERSEDED = "superseded"
+    RESOLVED = "resolved"
+    CORDONING = "cordoning"
+    DRAINING = "draining"
+    ACTING = "acting"
+    VERIFYING = "verifying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class CheckStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+class EventKind(StrEnum):
+    CLUSTER_CREATED = "cluster.created"
+    CLUSTER_STATUS = "cluster.status"
+    CLUSTER_DELETE_REQUESTED = "cluster.delete_requested"
+    NODE_CREATED = "node.created"
+    NODE_STATE = "node.state"
+    NODE_HEALTH = "node.health"
+    NODE_PROVISIONED = "node.provisioned"
+    NODE_REGISTERED = "node.registered"
+    NODE_GPUS_CHANGED = "node.gpus_changed"
+    FINDING_OPENED = "finding.opened"
+    FINDING_CLEARED = "finding.cleared"
+    PROVIDER_ERROR = "provider.error"
+    PROJECT_CREATED = "project.created"

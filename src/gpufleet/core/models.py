@@ -1,0 +1,183 @@
+"""Domain objects as the API returns them. Pydantic, frozen, no suffix (STYLE §4)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from gpufleet.core.enums import (
+    ClusterStatus,
+    EventKind,
+    FindingSource,
+    Health,
+    NodeState,
+    ProviderKind,
+    Role,
+    SchedulerKind,
+    Severity,
+)
+
+
+class _Domain(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True)
+
+
+class Project(_Domain):
+    id: str
+    name: str
+    description: str
+    created_at: dt.datetime
+
+
+class User(_Domain):
+    id: str
+    name: str
+    email: str | None
+    is_owner: bool
+    created_at: dt.datetime
+
+
+class Membership(_Domain):
+    project_id: str
+    user_id: str
+    role: Role
+
+
+class ApiToken(_Domain):
+    id: str
+    user_id: str
+    name: str
+    project_id: str | None
+    role: Role | None
+    prefix: str
+    created_at: dt.datetime
+    expires_at: dt.datetime | None
+    revoked_at: dt.datetime | None
+    last_used_at: dt.datetime | None
+
+
+class CreatedToken(_Domain):
+    """Returned once, when a token is created: the only time the secret is shown."""
+
+    token: str
+    info: ApiToken
+
+
+class NodeCounts(_Domain):
+    total: int
+    by_state: dict[str, int]
+    by_health: dict[str, int]
+    gpus: int
+
+
+class Cluster(_Domain):
+    id: str
+    project_id: str
+    name: str
+    scheduler: SchedulerKind
+    provider: ProviderKind
+    gpu_model: str
+    gpus_per_node: int
+    size: int
+    status: ClusterStatus
+    health: Health
+    acceptance_tests: bool
+    startup_scripts: list[str]
+    autoscale_min: int | None
+    autoscale_max: int | None
+    labels: dict[str, str]
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    nodes: NodeCounts | None = None
+
+
+class Gpu(_Domain):
+    id: str
+    node_id: str
+    index: int
+    uuid: str
+    serial: str | None
+    model: str | None
+    health: Health
+    utilization_pct: float | None
+    memory_used_mib: float | None
+    memory_total_mib: float | None
+    temperature_c: float | None
+    power_w: float | None
+    sm_clock_mhz: float | None
+    ecc_sbe_volatile: int | None
+    ecc_dbe_volatile: int | None
+    ecc_sbe_aggregate: int | None
+    ecc_dbe_aggregate: int | None
+    sampled_at: dt.datetime | None
+
+
+class Node(_Domain):
+    id: str
+    cluster_id: str
+    name: str
+    hostname: str | None
+    scheduler_name: str | None
+    serial: str | None
+    provider_instance_id: str | None
+    state: NodeState
+    health: Health
+    rack: str | None
+    leaf_switch: str | None
+    pdu: str | None
+    expected_gpus: int
+    last_report_at: dt.datetime | None
+    last_report_seq: int
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    gpus: list[Gpu] | None = None
+
+
+class Event(_Domain):
+    id: str
+    ts: dt.datetime
+    kind: EventKind
+    message: str
+    project_id: str | None
+    cluster_id: str | None
+    node_id: str | None
+    actor: str | None
+    data: dict[str, Any]
+
+
+class Finding(_Domain):
+    id: str
+    cluster_id: str
+    node_id: str
+    gpu_uuid: str | None
+    signature_id: str
+    title: str
+    severity: Severity
+    source: FindingSource
+    evidence: str
+    count: int
+    first_seen: dt.datetime
+    last_seen: dt.datetime
+    cleared_at: dt.datetime | None
+
+
+class HealthSummary(_Domain):
+    clusters: int
+    nodes: int
+    gpus: int
+    nodes_by_health: dict[str, int]
+    gpus_by_health: dict[str, int]
+    open_findings_by_severity: dict[str, int]
+    stale_nodes: int
+
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    """A page of a listing; pass ``next_cursor`` back as ``cursor`` for the next page."""
+
+    items: list[T]
+    next_cursor: str | None

@@ -1,0 +1,333 @@
+"""The store's tables (SQLAlchemy 2 typed mappings). ORM classes end in ``Row``.
+
+Rules (STYLE §8): UTC datetimes, enums stored as their string values, JSON for small
+structured values, one Alembic tree (``server/migrations``) for SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from gpufleet.core.clock import as_utc
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC on the way in and out, on both dialects."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use gpufleet.core.clock.utcnow()")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        return None if value is None else as_utc(value)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dt.datetime: UtcDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
+
+
+ID = String(36)
+
+
+class ProjectRow(Base):
+    __tablename__ = "project"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63), unique=True)
+    description: Mapped[str] = mapped_column(String(1000), default="")
+    created_at: Mapped[dt.datetime]
+
+
+class UserRow(Base):
+    __tablename__ = "users"  # "user" is reserved in PostgreSQL
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    email: Mapped[str | None] = mapped_column(String(254))
+    is_owner: Mapped[bool] = mapped_column(Boolean, default=False)
+    oidc_subject: Mapped[str | None] = mapped_column(String(255), unique=True)
+    created_at: Mapped[dt.datetime]
+
+
+class MembershipRow(Base):
+    __tablename__ = "membership"
+
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("project.id", ondelete="CASCADE"), primary_key=True
+    )
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime]
+
+
+class ApiTokenRow(Base):
+    __tablename__ = "api_token"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    # SHA-256 of the whole secret: tokens are 256-bit random, so a fast hash is enough and
+    # lookup by hash is a constant-time index probe (no per-row comparison of secrets).
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    project_id: Mapped[str | None] = mapped_column(ForeignKey("project.id", ondelete="CASCADE"))
+    role: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime]
+    expires_at: Mapped[dt.datetime | None]
+    revoked_at: Mapped[dt.datetime | None]
+    last_used_at: Mapped[dt.datetime | None]
+
+
+class _Leased:
+    """Row-level claim columns for reconcilers (STYLE §7)."""
+
+    lock_owner: Mapped[str | None] = mapped_column(String(128))
+    lock_token: Mapped[str | None] = mapped_column(ID)
+    lock_expires_at: Mapped[dt.datetime | None]
+
+
+class ClusterRow(_Leased, Base):
+    __tablename__ = "cluster"
+    __table_args__ = (
+        # Names are unique among clusters that are not deleted; a deleted name can be reused.
+        Index(
+            "uq_cluster_project_name_live",
+            "project_id",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("project.id", ondelete="RESTRICT"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    scheduler: Mapped[str] = mapped_column(String(16))
+    provider: Mapped[str] = mapped_column(String(16))
+    gpu_model: Mapped[str] = mapped_column(String(120))
+    gpus_per_node: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    health: Mapped[str] = mapped_column(String(16))
+    acceptance_tests: Mapped[bool] = mapped_column(Boolean, default=True)
+    startup_scripts: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    autoscale_min: Mapped[int | None] = mapped_column(Integer)
+    autoscale_max: Mapped[int | None] = mapped_column(Integer)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    provider_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    deleted_at: Mapped[dt.datetime | None]
+
+
+class NodeRow(_Leased, Base):
+    __tablename__ = "node"
+    __table_args__ = (UniqueConstraint("cluster_id", "name", name="uq_node_cluster_name"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    # Identity: one node across hostname, scheduler name, provider instance and serial.
+    hostname: Mapped[str | None] = mapped_column(String(253))
+    scheduler_name: Mapped[str | None] = mapped_column(String(253))
+    serial: Mapped[str | None] = mapped_column(String(120), index=True)
+    provider_instance_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    bmc_address: Mapped[str | None] = mapped_column(String(255))
+    # Topology labels, for incidents that span a leaf switch, rack or PDU.
+    rack: Mapped[str | None] = mapped_column(String(63))
+    leaf_switch: Mapped[str | None] = mapped_column(String(63))
+    pdu: Mapped[str | None] = mapped_column(String(63))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    health: Mapped[str] = mapped_column(String(16))
+    expected_gpus: Mapped[int] = mapped_column(Integer)
+    token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    last_report_at: Mapped[dt.datetime | None] = mapped_column(index=True)
+    last_report_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    provision_requested_at: Mapped[dt.datetime | None]
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    removed_at: Mapped[dt.datetime | None]
+
+
+class GpuRow(Base):
+    __tablename__ = "gpu"
+    __table_args__ = (UniqueConstraint("node_id", "uuid", name="uq_gpu_node_uuid"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(80), index=True)
+    serial: Mapped[str | None] = mapped_column(String(80))
+    model: Mapped[str | None] = mapped_column(String(120))
+    health: Mapped[str] = mapped_column(String(16))
+    utilization_pct: Mapped[float | None] = mapped_column(Float)
+    memory_used_mib: Mapped[float | None] = mapped_column(Float)
+    memory_total_mib: Mapped[float | None] = mapped_column(Float)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
+    power_w: Mapped[float | None] = mapped_column(Float)
+    sm_clock_mhz: Mapped[float | None] = mapped_column(Float)
+    ecc_sbe_volatile: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_dbe_volatile: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_sbe_aggregate: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_dbe_aggregate: Mapped[int | None] = mapped_column(BigInteger)
+    sampled_at: Mapped[dt.datetime | None]
+    first_seen: Mapped[dt.datetime]
+    removed_at: Mapped[dt.datetime | None]  # set when the GPU left this node (swap)
+
+
+class FindingRow(Base):
+    __tablename__ = "finding"
+    __table_args__ = (Index("ix_finding_node_open", "node_id", "cleared_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"))
+    gpu_uuid: Mapped[str | None] = mapped_column(String(80))
+    signature_id: Mapped[str] = mapped_column(String(80), index=True)
+    title: Mapped[str] = mapped_column(String(200))
+    severity: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(String(16))
+    evidence: Mapped[str] = mapped_column(Text)
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    first_seen: Mapped[dt.datetime]
+    last_seen: Mapped[dt.datetime]
+    cleared_at: Mapped[dt.datetime | None]
+
+
+class CheckRunRow(_Leased, Base):
+    __tablename__ = "check_run"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    node_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    requested_by: Mapped[str | None] = mapped_column(String(128))
+    result: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    raw_output: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime]
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+
+
+class RepairRow(_Leased, Base):
+    __tablename__ = "repair"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[str | None] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"), index=True)
+    action: Mapped[str] = mapped_column(String(24))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    rule: Mapped[str] = mapped_column(String(120))
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    decided_by: Mapped[str | None] = mapped_column(String(128))
+    decision_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+
+
+class EventRow(Base):
+    __tablename__ = "event"
+    __table_args__ = (
+        Index("ix_event_cluster_id_id", "cluster_id", "id"),
+        Index("ix_event_node_id_id", "node_id", "id"),
+        Index("ix_event_project_id_id", "project_id", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)  # UUIDv7: id order is time order
+    ts: Mapped[dt.datetime]
+    kind: Mapped[str] = mapped_column(String(40), index=True)
+    message: Mapped[str] = mapped_column(Text)
+    project_id: Mapped[str | None] = mapped_column(String(36))
+    cluster_id: Mapped[str | None] = mapped_column(String(36))
+    node_id: Mapped[str | None] = mapped_column(String(36))
+    actor: Mapped[str | None] = mapped_column(String(128))
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class JobRow(Base):
+    __tablename__ = "job"
+    __table_args__ = (UniqueConstraint("cluster_id", "scheduler_job_id", name="uq_job_cluster_sjid"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    scheduler_job_id: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(255), default="")
+    user_name: Mapped[str] = mapped_column(String(128), default="")
+    account: Mapped[str] = mapped_column(String(128), default="")
+    state: Mapped[str] = mapped_column(String(32))
+    nodes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[dt.datetime | None]
+    started_at: Mapped[dt.datetime | None]
+    ended_at: Mapped[dt.datetime | None] = mapped_column(index=True)
+    gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+
+
+class AuditLogRow(Base):
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_project_id_id", "project_id", "id"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    ts: Mapped[dt.datetime]
+    actor: Mapped[str] = mapped_column(String(128))  # "user:<id>", "node:<id>", "system:<loop>"
+    action: Mapped[str] = mapped_column(String(64))
+    object_type: Mapped[str] = mapped_column(String(32))
+    object_id: Mapped[str | None] = mapped_column(String(36))
+    project_id: Mapped[str | None] = mapped_column(String(36))
+    source_ip: Mapped[str | None] = mapped_column(String(64))
+    result: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class LeaseRow(Base):
+    """A named lease: which replica runs a loop, until when (one active replica per loop)."""
+
+    __tablename__ = "lease"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    token: Mapped[str] = mapped_column(ID)
+    acquired_at: Mapped[dt.datetime]
+    expires_at: Mapped[dt.datetime]

@@ -1,0 +1,104 @@
+"""Server settings: one typed object, read from ``GPUFLEET_*`` environment variables.
+
+It is passed into ``create_app(settings)``; nothing reads it as a module global.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_data_dir() -> Path:
+    """The per-user data directory: ``$XDG_DATA_HOME/gpufleet`` or ``~/.local/share/gpufleet``."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "gpufleet"
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_", extra="ignore")
+
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Where the SQLite database and the simulator's state live.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description=(
+            "SQLAlchemy URL. Unset: SQLite in data_dir. For production use PostgreSQL, e.g. "
+            "postgresql+asyncpg://user@host/db (postgresql:// is accepted and mapped to asyncpg)."
+        ),
+    )
+    host: str = Field(default="127.0.0.1", description="Bind address; loopback by default.")
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    public_url: str | None = Field(
+        default=None, description="URL agents and the CLI use to reach this server."
+    )
+    replica_id: str = Field(
+        default_factory=default_replica_id,
+        description="Names this replica in leases; must differ between replicas.",
+    )
+    report_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between agent reports (10 s: fresh enough for a console, cheap).",
+    )
+    staleness_s: float = Field(
+        default=45.0,
+        gt=0,
+        description=(
+            "Seconds without a report before a node is unknown: four missed 10 s reports, so "
+            "one slow request never flips a node, but a dead agent shows within a minute."
+        ),
+    )
+    reconcile_interval_s: float = Field(
+        default=1.0, gt=0, description="Seconds between passes of each reconcile loop."
+    )
+    lease_ttl_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a loop lease lasts unrenewed; a dead replica's loops move after this.",
+    )
+    max_body_bytes: int = Field(
+        default=1_048_576,
+        gt=0,
+        description="Largest request body accepted (1 MiB: a 500-report batch fits easily).",
+    )
+    run_workers: bool = Field(default=True, description="Run the background loops in-process.")
+    sim_agents: bool = Field(
+        default=False,
+        description="Run simulated node agents for sim-provider nodes inside this process.",
+    )
+    sim_provision_delay_s: tuple[float, float] = Field(
+        default=(30.0, 90.0),
+        description="Range of simulated boot times, seconds (cloud VMs with GPUs: ~0.5-1.5 min).",
+    )
+    sim_failure_rate: float = Field(
+        default=0.0, ge=0, le=1, description="Share of simulated provisioning attempts that fail."
+    )
+    bootstrap_token_file: Path | None = Field(
+        default=None,
+        description="If set, the first start writes the bootstrap admin token here (mode 0600).",
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if value.startswith("postgresql://") or value.startswith("postgres://"):
+            return "postgresql+asyncpg://" + value.split("://", 1)[1]
+        return value
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / 'gpufleet.db'}"
