@@ -4,9 +4,7 @@ from __future__ import annotations
 
 
 class ApiError(Exception):
-    def __init__(
-        self, status: int, code: str, message: str, *, field: str | None = None
-    ) -> None:
+    def __init__(self, status: int, code: str, message: str, *, field: str | None = None) -> None:
         super().__init__(f"{status} {code}: {message}" + (f" (field: {field})" if field else ""))
         self.status = status
         self.code = code

@@ -115,7 +115,7 @@ class CheckStatus(StrEnum):
 class EventKind(StrEnum):
     CLUSTER_CREATED = "cluster.created"
     CLUSTER_STATUS = "cluster.status"
-    CLUSTER_DELETE_REQUESTED = "cluster.delete_requested"
+    CLUSTER_HEALTH = "cluster.health"
     NODE_CREATED = "node.created"
     NODE_STATE = "node.state"
     NODE_HEALTH = "node.health"

@@ -58,3 +58,9 @@ class DriverError(GpufleetError):
     """A provider or scheduler call failed; the message names the node and command."""
 
     code = "driver_error"
+
+
+class Unavailable(GpufleetError):
+    """The server cannot take this request now (starting, stopping, store down); retry."""
+
+    code = "unavailable"

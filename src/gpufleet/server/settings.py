@@ -84,6 +84,9 @@ class ServerSettings(BaseSettings):
     sim_failure_rate: float = Field(
         default=0.0, ge=0, le=1, description="Share of simulated provisioning attempts that fail."
     )
+    announce_bootstrap_token: bool = Field(
+        default=True, description="Print the bootstrap token on first start (the demo prints its own)."
+    )
     bootstrap_token_file: Path | None = Field(
         default=None,
         description="If set, the first start writes the bootstrap admin token here (mode 0600).",

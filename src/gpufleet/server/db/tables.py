@@ -182,6 +182,7 @@ class NodeRow(_Leased, Base):
     last_report_at: Mapped[dt.datetime | None] = mapped_column(index=True)
     last_report_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     provision_requested_at: Mapped[dt.datetime | None]
+    provision_attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     removed_at: Mapped[dt.datetime | None]

@@ -1,0 +1,160 @@
+"""``create_app(settings)``: the control-plane server as an ASGI app."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+
+from gpufleet import __version__
+from gpufleet.core.clock import Clock, SystemClock
+from gpufleet.server.context import AppContext
+from gpufleet.server.db.engine import Database
+from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.errors import install_error_handlers
+from gpufleet.server.ingest import ReportIngestor
+from gpufleet.server.limits import BodySizeLimit
+from gpufleet.server.routers import (
+    agent,
+    clusters,
+    events,
+    findings,
+    health,
+    nodes,
+    probes,
+    projects,
+    tokens,
+)
+from gpufleet.server.services.auth import bootstrap_owner
+from gpufleet.server.settings import ServerSettings
+from gpufleet.server.sim_wiring import SimBundle, build_sim
+from gpufleet.server.workers.base import LoopDeps, LoopService
+from gpufleet.server.workers.health import HealthLoop
+from gpufleet.server.workers.provisioning import ProvisioningLoop
+
+log = logging.getLogger(__name__)
+
+StartupHook = Callable[[AppContext], Awaitable[None]]
+
+
+def create_app(
+    settings: ServerSettings,
+    *,
+    clock: Clock | None = None,
+    drivers: DriverRegistry | None = None,
+    startup_hooks: Sequence[StartupHook] = (),
+) -> FastAPI:
+    """Build the app. Nothing touches the store until the lifespan starts."""
+    clock = clock or SystemClock()
+    db = Database(settings.resolved_database_url())
+    sim: SimBundle | None = None
+    if drivers is None:
+        sim = build_sim(settings, clock=clock)
+        drivers = DriverRegistry(providers={"sim": sim.provider}, schedulers={"sim": sim.scheduler})
+    ctx = AppContext(
+        settings=settings,
+        db=db,
+        drivers=drivers,
+        ingest=ReportIngestor(
+            db,
+            staleness_s=settings.staleness_s,
+            report_interval_s=settings.report_interval_s,
+            clock=clock,
+        ),
+        clock=clock,
+        public_url=settings.public_url or f"http://{settings.host}:{settings.port}",
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await db.migrate()
+        async with db.transaction() as session:
+            created = await bootstrap_owner(session)
+        if created is not None:
+            ctx.bootstrap_token = created.token
+            _save_bootstrap_token(settings, created.token)
+        await ctx.ingest.start()
+        for hook in startup_hooks:
+            await hook(ctx)
+        stop = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+        if settings.run_workers:
+            for loop in build_loops(ctx):
+                tasks.append(asyncio.create_task(loop.run(stop), name=f"loop-{loop.name}"))
+        if sim is not None and settings.sim_agents:
+            tasks.append(asyncio.create_task(sim.runner.run(stop), name="sim-agents"))
+        ctx.ready = True
+        try:
+            yield
+        finally:
+            ctx.ready = False
+            stop.set()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(task, timeout=10)
+            if sim is not None:
+                await sim.runner.aclose()
+            await ctx.ingest.stop()
+            await db.dispose()
+
+    app = FastAPI(
+        title="gpufleet",
+        version=__version__,
+        description="Control plane for production GPU clusters.",
+        lifespan=lifespan,
+        openapi_url="/api/v1/openapi.json",
+        docs_url="/api/v1/docs",
+        redoc_url=None,
+    )
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    api = APIRouter(prefix="/api/v1")
+    for module in (projects, tokens, clusters, nodes, events, findings, health, agent):
+        api.include_router(module.router)
+    app.include_router(probes.router)
+    app.include_router(api)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def build_loops(ctx: AppContext) -> list[LoopService]:
+    deps = LoopDeps(
+        db=ctx.db,
+        clock=ctx.clock,
+        owner=ctx.settings.replica_id,
+        lease_ttl_s=ctx.settings.lease_ttl_s,
+    )
+    return [
+        ProvisioningLoop(
+            deps,
+            interval_s=ctx.settings.reconcile_interval_s,
+            drivers=ctx.drivers,
+            server_url=lambda: ctx.public_url,
+        ),
+        HealthLoop(
+            deps,
+            interval_s=max(ctx.settings.reconcile_interval_s, 2.0),
+            staleness_s=ctx.settings.staleness_s,
+        ),
+    ]
+
+
+def _save_bootstrap_token(settings: ServerSettings, token: str) -> None:
+    """Shown once, on the first start: the platform owner's first token."""
+    if settings.bootstrap_token_file is not None:
+        path = settings.bootstrap_token_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        path.chmod(0o600)
+        path.write_text(token + "\n")
+    if not settings.announce_bootstrap_token:
+        return
+    print(  # noqa: T201 - printed once on purpose: the operator must copy it
+        "gpufleet: first start; bootstrap admin token (shown once):\n"
+        f"GPUFLEET_TOKEN={token}",
+        flush=True,
+    )

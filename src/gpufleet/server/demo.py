@@ -1,0 +1,113 @@
+"""The demo: a project and a simulated cluster of 16 × 8 H100, on embedded defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy import select
+
+from gpufleet.core.enums import ProviderKind, SchedulerKind
+from gpufleet.core.errors import Unauthorized
+from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.server.context import AppContext
+from gpufleet.server.db.tables import ClusterRow, ProjectRow, UserRow
+from gpufleet.server.schemas.clusters import CreateClusterRequest
+from gpufleet.server.services.auth import Caller, create_api_token, resolve_caller
+from gpufleet.server.services.clusters import create_cluster
+from gpufleet.server.services.projects import create_project
+
+DEMO_PROJECT = "demo"
+DEMO_CLUSTER = "demo"
+DEMO_NODES = 16
+DEMO_GPUS_PER_NODE = 8
+TOKEN_FILE = "demo-token"
+
+
+async def prepare_demo(ctx: AppContext) -> str:
+    """Make sure the demo project, cluster and an admin token exist; return the token.
+
+    Idempotent: a second start on the same data dir reuses the fleet and the token.
+    """
+    token = await _demo_token(ctx)
+    async with ctx.db.transaction() as session:
+        caller = await resolve_caller(session, token=token)
+        project = await session.scalar(select(ProjectRow).where(ProjectRow.name == DEMO_PROJECT))
+        if project is None:
+            await create_project(
+                session, caller=caller, name=DEMO_PROJECT, description="The simulated demo fleet"
+            )
+    async with ctx.db.transaction() as session:
+        caller = await resolve_caller(session, token=token)
+        project = await session.scalar(select(ProjectRow).where(ProjectRow.name == DEMO_PROJECT))
+        assert project is not None
+        exists = await session.scalar(
+            select(ClusterRow.id).where(
+                ClusterRow.project_id == project.id,
+                ClusterRow.name == DEMO_CLUSTER,
+                ClusterRow.deleted_at.is_(None),
+            )
+        )
+        if exists is None:
+            await create_cluster(
+                session,
+                caller=caller,
+                request=CreateClusterRequest(
+                    project=DEMO_PROJECT,
+                    name=DEMO_CLUSTER,
+                    scheduler=SchedulerKind.SIM,
+                    provider=ProviderKind.SIM,
+                    gpu_model=DEFAULT_GPU_MODEL,
+                    gpus_per_node=DEMO_GPUS_PER_NODE,
+                    size=DEMO_NODES,
+                    acceptance_tests=False,
+                ),
+                drivers=ctx.drivers,
+            )
+    return token
+
+
+async def _demo_token(ctx: AppContext) -> str:
+    path = Path(ctx.settings.data_dir) / TOKEN_FILE
+    if ctx.bootstrap_token is not None:
+        _save(path, ctx.bootstrap_token)
+        return ctx.bootstrap_token
+    if path.exists():
+        saved = path.read_text().strip()
+        try:
+            async with ctx.db.transaction() as session:
+                await resolve_caller(session, token=saved)
+            return saved
+        except Unauthorized:
+            pass
+    async with ctx.db.transaction() as session:
+        owner = await session.scalar(
+            select(UserRow).where(UserRow.is_owner.is_(True)).order_by(UserRow.created_at)
+        )
+        assert owner is not None, "bootstrap creates the owner before the demo runs"
+        system = Caller(
+            user_id=owner.id,
+            user_name=owner.name,
+            is_owner=True,
+            token_id="",
+            token_project_id=None,
+            token_role=None,
+        )
+        created = await create_api_token(
+            session,
+            caller=system,
+            user_id=owner.id,
+            name="demo",
+            project_id=None,
+            role=None,
+            expires_in_days=None,
+        )
+    _save(path, created.token)
+    return created.token
+
+
+def _save(path: Path, token: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")

@@ -1,0 +1,66 @@
+"""Entry points: ``run_server`` (production) and ``run_demo`` (embedded defaults)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from gpufleet.server.app import create_app
+from gpufleet.server.context import AppContext
+from gpufleet.server.demo import prepare_demo
+from gpufleet.server.settings import ServerSettings
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_server(settings: ServerSettings | None = None) -> None:
+    """Serve until interrupted. Settings come from ``GPUFLEET_*`` when not given."""
+    settings = settings or ServerSettings()
+    configure_logging()
+    app = create_app(settings)
+    print(f"gpufleet: serving on http://{settings.host}:{settings.port}", flush=True)  # noqa: T201
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+
+
+def demo_settings(*, port: int, data_dir: Path | None) -> ServerSettings:
+    overrides: dict[str, object] = {
+        "port": port,
+        "host": "127.0.0.1",
+        "sim_agents": True,
+        # Quick boots so the whole demo fleet reports within seconds, not minutes.
+        "sim_provision_delay_s": (2.0, 6.0),
+        "database_url": None,
+        "announce_bootstrap_token": False,
+    }
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    return ServerSettings(**overrides)  # type: ignore[arg-type]
+
+
+def run_demo(*, port: int = 8080, data_dir: Path | None = None) -> None:
+    """The demo on SQLite with a simulated 16-node cluster; prints URL and token."""
+    settings = demo_settings(port=port, data_dir=data_dir)
+    configure_logging("WARNING")
+
+    async def announce(ctx: AppContext) -> None:
+        token = await prepare_demo(ctx)
+        print(f"GPUFLEET_URL={ctx.public_url}", flush=True)  # noqa: T201
+        print(f"GPUFLEET_TOKEN={token}", flush=True)  # noqa: T201
+        print(
+            f"gpufleet demo: data in {settings.data_dir}; try `gpufleet nodes list`; "
+            "Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    app = create_app(settings, startup_hooks=[announce])
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)

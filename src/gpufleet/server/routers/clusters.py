@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query, status
+
+import gpufleet.server.services.clusters as clusters_services
+from gpufleet.core.enums import ClusterStatus
+from gpufleet.core.models import Cluster, Page
+from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.server.schemas.clusters import CreateClusterRequest
+
+router = APIRouter(prefix="/clusters", tags=["clusters"])
+
+
+@router.get("")
+async def list_clusters(
+    caller: CallerDep,
+    ctx: CtxDep,
+    project: str | None = Query(default=None, max_length=63),
+    name: str | None = Query(default=None, max_length=63),
+    status: ClusterStatus | None = None,
+) -> Page[Cluster]:
+    async with ctx.db.session() as session:
+        return await clusters_services.list_clusters(
+            session,
+            caller=caller,
+            staleness_s=ctx.settings.staleness_s,
+            project_ref=project,
+            name=name,
+            status=status,
+        )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+async def create_cluster(body: CreateClusterRequest, caller: CallerDep, ctx: CtxDep) -> Cluster:
+    async with ctx.db.transaction() as session:
+        return await clusters_services.create_cluster(
+            session, caller=caller, request=body, drivers=ctx.drivers
+        )
+
+
+@router.get("/{cluster_id}")
+async def get_cluster(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Cluster:
+    async with ctx.db.session() as session:
+        return await clusters_services.get_cluster(
+            session, caller=caller, cluster_id=cluster_id, staleness_s=ctx.settings.staleness_s
+        )
+
+
+@router.get("/{cluster_id}/status")
+async def get_cluster_status(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> dict[str, Any]:
+    async with ctx.db.session() as session:
+        cluster = await clusters_services.get_cluster(
+            session, caller=caller, cluster_id=cluster_id, staleness_s=ctx.settings.staleness_s
+        )
+    return {
+        "id": cluster.id,
+        "name": cluster.name,
+        "status": cluster.status.value,
+        "health": cluster.health.value,
+        "size": cluster.size,
+        "nodes": cluster.nodes.model_dump(mode="json") if cluster.nodes else None,
+    }
+
+
+@router.delete("/{cluster_id}", status_code=status.HTTP_202_ACCEPTED)
+async def delete_cluster(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Cluster:
+    async with ctx.db.transaction() as session:
+        return await clusters_services.delete_cluster(session, caller=caller, cluster_id=cluster_id)

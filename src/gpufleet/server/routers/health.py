@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+
+import gpufleet.server.services.health as health_services
+from gpufleet.core.models import HealthSummary
+from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.server.services.clusters import get_cluster_row_or_error
+
+router = APIRouter(prefix="/health", tags=["health"])
+
+
+@router.get("/summary")
+async def health_summary(
+    caller: CallerDep, ctx: CtxDep, cluster: str | None = Query(default=None, max_length=36)
+) -> HealthSummary:
+    async with ctx.db.session() as session:
+        if cluster is not None:
+            await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster)
+        return await health_services.health_summary(
+            session, caller=caller, staleness_s=ctx.settings.staleness_s, cluster_id=cluster
+        )

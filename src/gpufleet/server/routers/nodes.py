@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+
+import gpufleet.server.services.nodes as nodes_services
+from gpufleet.core.enums import Health, NodeState
+from gpufleet.core.models import Node, Page
+from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.server.services.clusters import get_cluster_row_or_error
+
+router = APIRouter(prefix="/nodes", tags=["nodes"])
+
+
+@router.get("")
+async def list_nodes(
+    caller: CallerDep,
+    ctx: CtxDep,
+    cluster: str | None = Query(default=None, max_length=36),
+    state: NodeState | None = None,
+    health: Health | None = None,
+    gpus: bool = Query(default=False, description="Include each node's GPUs."),
+    cursor: str | None = Query(default=None, max_length=36),
+    limit: int = Query(default=100, ge=1, le=1000),
+) -> Page[Node]:
+    async with ctx.db.session() as session:
+        if cluster is not None:
+            await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster)
+        return await nodes_services.list_nodes(
+            session,
+            caller=caller,
+            staleness_s=ctx.settings.staleness_s,
+            cluster_id=cluster,
+            state=state,
+            health=health,
+            cursor=cursor,
+            limit=limit,
+            with_gpus=gpus,
+        )
+
+
+@router.get("/{node_id}")
+async def get_node(node_id: str, caller: CallerDep, ctx: CtxDep) -> Node:
+    async with ctx.db.session() as session:
+        return await nodes_services.get_node(
+            session, caller=caller, node_id=node_id, staleness_s=ctx.settings.staleness_s
+        )

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+from gpufleet.core.enums import ProviderKind, SchedulerKind
+from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.server.schemas.common import Name, Ref, Request
+
+MAX_CLUSTER_SIZE = 4096
+LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]{1,63}$")]
+LabelValue = Annotated[str, StringConstraints(max_length=255)]
+
+
+class CreateClusterRequest(Request):
+    project: Ref
+    name: Name
+    scheduler: SchedulerKind = SchedulerKind.SIM
+    provider: ProviderKind = ProviderKind.SIM
+    gpu_model: Annotated[str, Field(min_length=1, max_length=120)] = DEFAULT_GPU_MODEL
+    gpus_per_node: Annotated[int, Field(ge=0, le=64)] = 8
+    size: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE)]
+    acceptance_tests: bool = True
+    startup_scripts: Annotated[
+        list[Annotated[str, StringConstraints(max_length=65536)]], Field(max_length=32)
+    ] = []
+    autoscale_min: Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE)] | None = None
+    autoscale_max: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE)] | None = None
+    labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=64)] = {}
+

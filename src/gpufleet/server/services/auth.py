@@ -1,0 +1,232 @@
+"""API tokens and who is calling.
+
+Tokens are 256-bit random secrets shown once; the store keeps only their SHA-256. A
+request's token is looked up by its hash (an index probe), so no secret is ever compared
+byte by byte against stored ones.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+from dataclasses import dataclass, field
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpufleet.core.clock import utcnow
+from gpufleet.core.enums import Role
+from gpufleet.core.errors import Forbidden, InvalidInput, Unauthorized
+from gpufleet.core.ids import new_id
+from gpufleet.core.models import ApiToken, CreatedToken
+from gpufleet.core.rbac import Permission, is_allowed
+from gpufleet.server.db.tables import ApiTokenRow, MembershipRow, UserRow
+from gpufleet.server.services.audit import record_audit
+
+API_TOKEN_PREFIX = "gpf_"
+NODE_TOKEN_PREFIX = "gpfn_"
+MAX_TOKEN_DAYS = 3650
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def generate_token(prefix: str) -> str:
+    return prefix + secrets.token_urlsafe(32)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated user, as one token presents them."""
+
+    user_id: str
+    user_name: str
+    is_owner: bool
+    token_id: str
+    token_project_id: str | None
+    token_role: Role | None
+    memberships: dict[str, Role] = field(default_factory=dict)
+    source_ip: str | None = None
+
+    @property
+    def actor(self) -> str:
+        return f"user:{self.user_name}"
+
+    @property
+    def acts_as_owner(self) -> bool:
+        # A project-scoped token never carries the owner's global power.
+        return self.is_owner and self.token_project_id is None
+
+    def role_in(self, project_id: str) -> Role | None:
+        """The caller's effective role in a project: membership, capped by the token scope."""
+        if self.token_project_id is not None and self.token_project_id != project_id:
+            return None
+        role = self.memberships.get(project_id)
+        if role is None and self.is_owner and self.token_project_id == project_id:
+            role = Role.ADMIN
+        if role is None:
+            return None
+        if self.token_role is Role.MEMBER:
+            return Role.MEMBER
+        return role
+
+    def can(self, permission: Permission, project_id: str) -> bool:
+        return is_allowed(
+            role=self.role_in(project_id), is_owner=self.acts_as_owner, permission=permission
+        )
+
+    def visible_project_ids(self) -> list[str] | None:
+        """Projects this caller may see; None means all (the platform owner)."""
+        if self.acts_as_owner:
+            return None
+        if self.token_project_id is not None:
+            return [self.token_project_id] if self.role_in(self.token_project_id) else []
+        return list(self.memberships)
+
+
+def token_row_to_token(row: ApiTokenRow) -> ApiToken:
+    return ApiToken(
+        id=row.id,
+        user_id=row.user_id,
+        name=row.name,
+        project_id=row.project_id,
+        role=Role(row.role) if row.role else None,
+        prefix=row.prefix,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+        last_used_at=row.last_used_at,
+    )
+
+
+async def resolve_caller(
+    session: AsyncSession, *, token: str, source_ip: str | None = None
+) -> Caller:
+    """The caller behind a bearer token, or ``Unauthorized``."""
+    if not token.startswith(API_TOKEN_PREFIX):
+        raise Unauthorized("not an API token (node tokens only work on agent endpoints)")
+    row = await session.scalar(select(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(token)))
+    now = utcnow()
+    if row is None or row.revoked_at is not None:
+        raise Unauthorized("invalid or revoked token")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise Unauthorized("token expired")
+    user = await session.get(UserRow, row.user_id)
+    if user is None:
+        raise Unauthorized("token's user no longer exists")
+    memberships = {
+        m.project_id: Role(m.role)
+        for m in await session.scalars(select(MembershipRow).where(MembershipRow.user_id == user.id))
+    }
+    # last_used_at at minute resolution: one write per token per minute, not per request.
+    if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):
+        await session.execute(
+            update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now)
+        )
+    return Caller(
+        user_id=user.id,
+        user_name=user.name,
+        is_owner=user.is_owner,
+        token_id=row.id,
+        token_project_id=row.project_id,
+        token_role=Role(row.role) if row.role else None,
+        memberships=memberships,
+        source_ip=source_ip,
+    )
+
+
+async def create_api_token(
+    session: AsyncSession,
+    *,
+    caller: Caller | None,
+    user_id: str,
+    name: str,
+    project_id: str | None,
+    role: Role | None,
+    expires_in_days: int | None,
+) -> CreatedToken:
+    """Mint a token for ``user_id``. A caller can mint only within their own powers."""
+    if expires_in_days is not None and not 1 <= expires_in_days <= MAX_TOKEN_DAYS:
+        raise InvalidInput(
+            f"expires_in_days must be between 1 and {MAX_TOKEN_DAYS}", field="expires_in_days"
+        )
+    if caller is not None:
+        if project_id is None and not caller.acts_as_owner:
+            raise InvalidInput(
+                "only the platform owner may create a token without a project", field="project"
+            )
+        if project_id is not None:
+            current = caller.role_in(project_id)
+            if current is None and not caller.acts_as_owner:
+                raise Forbidden("you are not in that project")
+            if role is Role.ADMIN and current is not Role.ADMIN and not caller.acts_as_owner:
+                raise Forbidden("a member cannot create an admin token", field="role")
+    secret = generate_token(API_TOKEN_PREFIX)
+    now = utcnow()
+    row = ApiTokenRow(
+        id=new_id(),
+        user_id=user_id,
+        name=name,
+        token_hash=hash_token(secret),
+        prefix=secret[:12],
+        project_id=project_id,
+        role=role.value if role else None,
+        created_at=now,
+        expires_at=now + dt.timedelta(days=expires_in_days) if expires_in_days else None,
+        revoked_at=None,
+        last_used_at=None,
+    )
+    session.add(row)
+    record_audit(
+        session,
+        actor=caller.actor if caller else "system:bootstrap",
+        action="token.create",
+        object_type="api_token",
+        object_id=row.id,
+        project_id=project_id,
+        source_ip=caller.source_ip if caller else None,
+        detail={"name": name, "role": role.value if role else None},
+    )
+    return CreatedToken(token=secret, info=token_row_to_token(row))
+
+
+async def bootstrap_owner(session: AsyncSession, *, name: str = "admin") -> CreatedToken | None:
+    """On the very first start, create the platform owner and one token for them.
+
+    Returns the token (to print once), or None when users already exist.
+    """
+    if await session.scalar(select(UserRow.id).limit(1)) is not None:
+        return None
+    user = UserRow(id=new_id(), name=name, email=None, is_owner=True, created_at=utcnow())
+    session.add(user)
+    await session.flush()
+    record_audit(
+        session,
+        actor="system:bootstrap",
+        action="user.create",
+        object_type="user",
+        object_id=user.id,
+        project_id=None,
+        detail={"name": name, "is_owner": True},
+    )
+    return await create_api_token(
+        session,
+        caller=None,
+        user_id=user.id,
+        name="bootstrap",
+        project_id=None,
+        role=None,
+        expires_in_days=None,
+    )
+
+
+def require(caller: Caller, permission: Permission, project_id: str) -> None:
+    """Raise unless the caller holds ``permission`` in the project.
+
+    A caller who cannot even see the project gets NotFound from the lookup before this;
+    here a visible project with too small a role gives Forbidden.
+    """
+    if not caller.can(permission, project_id):
+        raise Forbidden(f"your role in this project does not allow {permission.value}")

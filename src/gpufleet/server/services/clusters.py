@@ -1,0 +1,320 @@
+"""Clusters: create, list, show, status, delete."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpufleet.core.clock import utcnow
+from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState, ProviderKind, SchedulerKind
+from gpufleet.core.errors import Conflict, InvalidInput, NotFound
+from gpufleet.core.gpu_models import GPU_MODELS
+from gpufleet.core.ids import is_id, new_id
+from gpufleet.core.models import Cluster, NodeCounts, Page
+from gpufleet.core.rbac import Permission
+from gpufleet.core.transitions import CLUSTER_TRANSITIONS, check_transition
+from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
+from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.schemas.clusters import CreateClusterRequest
+from gpufleet.server.services.audit import record_audit
+from gpufleet.server.services.auth import Caller, require
+from gpufleet.server.services.events import record_event
+from gpufleet.server.services.nodes import effective_health
+from gpufleet.server.services.projects import get_project_row_or_error
+
+
+def node_name(cluster_name: str, slot: int) -> str:
+    """Stable per slot, so a re-run of provisioning finds the row it made before."""
+    return f"{cluster_name}-{slot:03d}"
+
+
+def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None) -> Cluster:
+    return Cluster(
+        id=row.id,
+        project_id=row.project_id,
+        name=row.name,
+        scheduler=SchedulerKind(row.scheduler),
+        provider=ProviderKind(row.provider),
+        gpu_model=row.gpu_model,
+        gpus_per_node=row.gpus_per_node,
+        size=row.size,
+        status=ClusterStatus(row.status),
+        health=Health(row.health),
+        acceptance_tests=row.acceptance_tests,
+        startup_scripts=list(row.startup_scripts),
+        autoscale_min=row.autoscale_min,
+        autoscale_max=row.autoscale_max,
+        labels=dict(row.labels),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        nodes=counts,
+    )
+
+
+async def count_nodes(
+    session: AsyncSession, *, cluster_ids: Sequence[str], staleness_s: float
+) -> dict[str, NodeCounts]:
+    """Node counts by state and by (effective) health, and live GPUs, per cluster."""
+    by_state: dict[str, dict[str, int]] = {c: {} for c in cluster_ids}
+    by_health: dict[str, dict[str, int]] = {c: {} for c in cluster_ids}
+    totals = dict.fromkeys(cluster_ids, 0)
+    gpus = dict.fromkeys(cluster_ids, 0)
+    if not cluster_ids:
+        return {}
+    now = utcnow()
+    rows = await session.execute(
+        select(NodeRow.cluster_id, NodeRow.state, NodeRow.health, NodeRow.last_report_at).where(
+            NodeRow.cluster_id.in_(cluster_ids), NodeRow.state != NodeState.REMOVED.value
+        )
+    )
+    probe = NodeRow()
+    for cluster_id, state, health, last_report_at in rows:
+        probe.health, probe.last_report_at = health, last_report_at
+        h = effective_health(probe, now=now, staleness_s=staleness_s).value
+        by_state[cluster_id][state] = by_state[cluster_id].get(state, 0) + 1
+        by_health[cluster_id][h] = by_health[cluster_id].get(h, 0) + 1
+        totals[cluster_id] += 1
+    gpu_rows = await session.execute(
+        select(NodeRow.cluster_id, func.count(GpuRow.id))
+        .join(GpuRow, GpuRow.node_id == NodeRow.id)
+        .where(
+            NodeRow.cluster_id.in_(cluster_ids),
+            NodeRow.state != NodeState.REMOVED.value,
+            GpuRow.removed_at.is_(None),
+        )
+        .group_by(NodeRow.cluster_id)
+    )
+    for cluster_id, n in gpu_rows:
+        gpus[cluster_id] = int(n)
+    return {
+        c: NodeCounts(total=totals[c], by_state=by_state[c], by_health=by_health[c], gpus=gpus[c])
+        for c in cluster_ids
+    }
+
+
+async def get_cluster_row_or_error(
+    session: AsyncSession, *, caller: Caller, cluster_id: str
+) -> ClusterRow:
+    row = await session.get(ClusterRow, cluster_id) if is_id(cluster_id) else None
+    if row is None or not caller.can(Permission.CLUSTER_READ, row.project_id):
+        raise NotFound(f"cluster {cluster_id!r} not found", field="cluster_id")
+    return row
+
+
+async def create_cluster(
+    session: AsyncSession,
+    *,
+    caller: Caller,
+    request: CreateClusterRequest,
+    drivers: DriverRegistry,
+) -> Cluster:
+    """Record the cluster and one node row per slot; the provisioning loop does the rest."""
+    project = await get_project_row_or_error(session, caller=caller, ref=request.project)
+    require(caller, Permission.CLUSTER_CREATE, project.id)
+    if request.gpu_model not in GPU_MODELS:
+        known = "; ".join(sorted(GPU_MODELS))
+        raise InvalidInput(
+            f"unknown gpu_model {request.gpu_model!r} (known: {known})", field="gpu_model"
+        )
+    drivers.provider(request.provider.value)
+    drivers.scheduler(request.scheduler.value)
+    lo, hi = request.autoscale_min, request.autoscale_max
+    if lo is not None and hi is not None and lo > hi:
+        raise InvalidInput("autoscale_min must not exceed autoscale_max", field="autoscale_min")
+    if hi is not None and request.size > hi:
+        raise InvalidInput("size must not exceed autoscale_max", field="size")
+    if lo is not None and request.size < lo:
+        raise InvalidInput("size must not be below autoscale_min", field="size")
+    if await _live_cluster_named(session, project_id=project.id, name=request.name):
+        raise Conflict(
+            f"project {project.name} already has a cluster named {request.name!r}", field="name"
+        )
+    now = utcnow()
+    row = ClusterRow(
+        id=new_id(),
+        project_id=project.id,
+        name=request.name,
+        scheduler=request.scheduler.value,
+        provider=request.provider.value,
+        gpu_model=request.gpu_model,
+        gpus_per_node=request.gpus_per_node,
+        size=request.size,
+        status=ClusterStatus.PROVISIONING.value,
+        health=Health.UNKNOWN.value,
+        acceptance_tests=request.acceptance_tests,
+        startup_scripts=list(request.startup_scripts),
+        autoscale_min=request.autoscale_min,
+        autoscale_max=request.autoscale_max,
+        labels=dict(request.labels),
+        provider_config={},
+        created_at=now,
+        updated_at=now,
+        deleted_at=None,
+    )
+    session.add(row)
+    session.add_all(new_node_rows(row, slots=range(request.size), now=now))
+    record_event(
+        session,
+        kind=EventKind.CLUSTER_CREATED,
+        message=(
+            f"cluster {row.name} created: {row.size} × {row.gpus_per_node} {row.gpu_model}, "
+            f"provider {row.provider}, scheduler {row.scheduler}"
+        ),
+        project_id=project.id,
+        cluster_id=row.id,
+        actor=caller.actor,
+        ts=now,
+    )
+    record_audit(
+        session,
+        actor=caller.actor,
+        action="cluster.create",
+        object_type="cluster",
+        object_id=row.id,
+        project_id=project.id,
+        source_ip=caller.source_ip,
+        detail=request.model_dump(mode="json", exclude={"startup_scripts"}),
+    )
+    try:
+        await session.flush()
+    except IntegrityError as exc:  # a concurrent create won the race for the name
+        raise Conflict(
+            f"project {project.name} already has a cluster named {request.name!r}", field="name"
+        ) from exc
+    counts = NodeCounts(
+        total=row.size, by_state={NodeState.PROVISIONING.value: row.size},
+        by_health={Health.UNKNOWN.value: row.size}, gpus=0,
+    )
+    return cluster_row_to_cluster(row, counts=counts)
+
+
+def new_node_rows(cluster: ClusterRow, *, slots: range | list[int], now: dt.datetime) -> list[NodeRow]:
+    return [
+        NodeRow(
+            id=new_id(),
+            cluster_id=cluster.id,
+            name=node_name(cluster.name, slot),
+            state=NodeState.PROVISIONING.value,
+            health=Health.UNKNOWN.value,
+            expected_gpus=cluster.gpus_per_node,
+            last_report_seq=0,
+            provision_attempts=0,
+            created_at=now,
+            updated_at=now,
+        )
+        for slot in slots
+    ]
+
+
+async def _live_cluster_named(session: AsyncSession, *, project_id: str, name: str) -> bool:
+    found = await session.scalar(
+        select(ClusterRow.id).where(
+            ClusterRow.project_id == project_id,
+            ClusterRow.name == name,
+            ClusterRow.deleted_at.is_(None),
+        )
+    )
+    return found is not None
+
+
+async def list_clusters(
+    session: AsyncSession,
+    *,
+    caller: Caller,
+    staleness_s: float,
+    project_ref: str | None = None,
+    name: str | None = None,
+    status: ClusterStatus | None = None,
+) -> Page[Cluster]:
+    query: Select[tuple[ClusterRow]] = select(ClusterRow).order_by(ClusterRow.created_at)
+    visible = caller.visible_project_ids()
+    if project_ref is not None:
+        project = await get_project_row_or_error(session, caller=caller, ref=project_ref)
+        query = query.where(ClusterRow.project_id == project.id)
+    elif visible is not None:
+        query = query.where(ClusterRow.project_id.in_(visible))
+    if name is not None:
+        query = query.where(ClusterRow.name == name)
+    if status is not None:
+        query = query.where(ClusterRow.status == status.value)
+    else:
+        query = query.where(ClusterRow.status != ClusterStatus.DELETED.value)
+    rows = (await session.scalars(query)).all()
+    counts = await count_nodes(session, cluster_ids=[r.id for r in rows], staleness_s=staleness_s)
+    return Page[Cluster](
+        items=[cluster_row_to_cluster(r, counts=counts.get(r.id)) for r in rows], next_cursor=None
+    )
+
+
+async def get_cluster(
+    session: AsyncSession, *, caller: Caller, cluster_id: str, staleness_s: float
+) -> Cluster:
+    row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
+    counts = await count_nodes(session, cluster_ids=[row.id], staleness_s=staleness_s)
+    return cluster_row_to_cluster(row, counts=counts[row.id])
+
+
+async def delete_cluster(session: AsyncSession, *, caller: Caller, cluster_id: str) -> Cluster:
+    """Mark for deletion; the provisioning loop gives the machines back, then marks deleted."""
+    row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
+    require(caller, Permission.CLUSTER_DELETE, row.project_id)
+    if ClusterStatus(row.status) in (ClusterStatus.DELETING, ClusterStatus.DELETED):
+        return cluster_row_to_cluster(row)
+    switch_cluster_status(
+        session,
+        cluster=row,
+        target=ClusterStatus.DELETING,
+        actor=caller.actor,
+        reason="deletion requested",
+        source_ip=caller.source_ip,
+    )
+    return cluster_row_to_cluster(row)
+
+
+def switch_cluster_status(
+    session: AsyncSession,
+    *,
+    cluster: ClusterRow,
+    target: ClusterStatus,
+    actor: str,
+    reason: str,
+    source_ip: str | None = None,
+    now: dt.datetime | None = None,
+) -> bool:
+    """The one way a cluster changes status: checked, evented, audited. False if unchanged."""
+    current = ClusterStatus(cluster.status)
+    check_transition(
+        CLUSTER_TRANSITIONS, entity=f"cluster {cluster.name}", current=current, target=target
+    )
+    if current is target:
+        return False
+    now = now or utcnow()
+    cluster.status = target.value
+    cluster.updated_at = now
+    if target is ClusterStatus.DELETED:
+        cluster.deleted_at = now
+    record_event(
+        session,
+        kind=EventKind.CLUSTER_STATUS,
+        message=f"cluster {cluster.name}: {current.value} → {target.value}: {reason}",
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        actor=actor,
+        data={"from": current.value, "to": target.value, "reason": reason},
+        ts=now,
+    )
+    record_audit(
+        session,
+        actor=actor,
+        action="cluster.status",
+        object_type="cluster",
+        object_id=cluster.id,
+        project_id=cluster.project_id,
+        source_ip=source_ip,
+        detail={"from": current.value, "to": target.value, "reason": reason},
+    )
+    return True

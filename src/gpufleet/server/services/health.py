@@ -1,0 +1,102 @@
+"""The fleet health summary, and the recomputation of cluster health."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpufleet.core.clock import utcnow
+from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState
+from gpufleet.core.health import cluster_health
+from gpufleet.core.models import HealthSummary
+from gpufleet.server.db.tables import ClusterRow, FindingRow, GpuRow, NodeRow
+from gpufleet.server.services.auth import Caller
+from gpufleet.server.services.events import record_event
+from gpufleet.server.services.nodes import effective_health, gpu_health
+
+
+async def health_summary(
+    session: AsyncSession, *, caller: Caller, staleness_s: float, cluster_id: str | None = None
+) -> HealthSummary:
+    now = utcnow()
+    cq = select(ClusterRow.id).where(ClusterRow.status != ClusterStatus.DELETED.value)
+    visible = caller.visible_project_ids()
+    if visible is not None:
+        cq = cq.where(ClusterRow.project_id.in_(visible))
+    if cluster_id is not None:
+        cq = cq.where(ClusterRow.id == cluster_id)
+    cluster_ids = list((await session.scalars(cq)).all())
+    nodes_by_health = {h.value: 0 for h in Health}
+    gpus_by_health = {h.value: 0 for h in Health}
+    severity_counts: dict[str, int] = {}
+    stale = 0
+    node_total = gpu_total = 0
+    if cluster_ids:
+        node_health_by_id: dict[str, Health] = {}
+        for row in await session.scalars(
+            select(NodeRow).where(
+                NodeRow.cluster_id.in_(cluster_ids), NodeRow.state != NodeState.REMOVED.value
+            )
+        ):
+            h = effective_health(row, now=now, staleness_s=staleness_s)
+            node_health_by_id[row.id] = h
+            nodes_by_health[h.value] += 1
+            node_total += 1
+            if h is Health.UNKNOWN:
+                stale += 1
+        for gpu in await session.scalars(
+            select(GpuRow).where(
+                GpuRow.node_id.in_(list(node_health_by_id)), GpuRow.removed_at.is_(None)
+            )
+        ):
+            gh = gpu_health(gpu, node_health=node_health_by_id[gpu.node_id])
+            gpus_by_health[gh.value] += 1
+            gpu_total += 1
+        for severity, n in await session.execute(
+            select(FindingRow.severity, func.count(FindingRow.id))
+            .where(FindingRow.cluster_id.in_(cluster_ids), FindingRow.cleared_at.is_(None))
+            .group_by(FindingRow.severity)
+        ):
+            severity_counts[severity] = int(n)
+    return HealthSummary(
+        clusters=len(cluster_ids),
+        nodes=node_total,
+        gpus=gpu_total,
+        nodes_by_health=nodes_by_health,
+        gpus_by_health=gpus_by_health,
+        open_findings_by_severity=severity_counts,
+        stale_nodes=stale,
+    )
+
+
+async def refresh_cluster_health(
+    session: AsyncSession, *, cluster: ClusterRow, staleness_s: float, now: dt.datetime
+) -> bool:
+    """Recompute one cluster's health from its nodes; event on change. True if changed."""
+    healths = [
+        effective_health(row, now=now, staleness_s=staleness_s)
+        for row in await session.scalars(
+            select(NodeRow).where(
+                NodeRow.cluster_id == cluster.id,
+                NodeRow.state.not_in([NodeState.REMOVED.value, NodeState.PROVISIONING.value]),
+            )
+        )
+    ]
+    new = cluster_health(healths)
+    if new.value == cluster.health:
+        return False
+    old = cluster.health
+    cluster.health = new.value
+    record_event(
+        session,
+        kind=EventKind.CLUSTER_HEALTH,
+        message=f"cluster {cluster.name} health: {old} → {new.value}",
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        actor="system:health",
+        data={"health_from": old, "health_to": new.value},
+        ts=now,
+    )
+    return True

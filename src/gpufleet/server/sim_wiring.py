@@ -1,0 +1,42 @@
+"""The simulator as this server's embedded provider and scheduler (the demo default)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.core.clock import Clock
+from gpufleet.providers.sim.config import SimProviderConfig
+from gpufleet.providers.sim.driver import SimProvider
+from gpufleet.schedulers.sim.driver import SimScheduler
+from gpufleet.server.settings import ServerSettings
+from gpufleet.sim.agents import SimFleetRunner
+from gpufleet.sim.world import SimWorld
+
+WORLD_FILE = "sim-world.json"
+
+
+@dataclass
+class SimBundle:
+    world: SimWorld
+    provider: SimProvider
+    scheduler: SimScheduler
+    runner: SimFleetRunner
+
+
+def build_sim(settings: ServerSettings, *, clock: Clock) -> SimBundle:
+    """One world per data dir; it survives restarts like a real cloud would."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    world = SimWorld(settings.data_dir / WORLD_FILE, clock=clock)
+    provider = SimProvider(
+        world,
+        config=SimProviderConfig(
+            provision_delay_s=settings.sim_provision_delay_s,
+            failure_rate=settings.sim_failure_rate,
+        ),
+    )
+    return SimBundle(
+        world=world,
+        provider=provider,
+        scheduler=SimScheduler(world),
+        runner=SimFleetRunner(world, report_interval_s=settings.report_interval_s),
+    )

@@ -1,0 +1,72 @@
+"""The health loop: silent nodes become ``unknown``; cluster health follows its nodes."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import or_, select
+
+from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState
+from gpufleet.server.db.tables import ClusterRow, NodeRow
+from gpufleet.server.services.events import record_event
+from gpufleet.server.services.health import refresh_cluster_health
+from gpufleet.server.workers.base import LoopDeps, LoopService
+
+
+class HealthLoop(LoopService):
+    name = "health"
+
+    def __init__(self, deps: LoopDeps, *, interval_s: float, staleness_s: float) -> None:
+        super().__init__(deps, interval_s=interval_s)
+        self.staleness_s = staleness_s
+        self.marked_unknown = 0
+
+    async def run_once(self) -> None:
+        now = self.clock.now()
+        cutoff = now - dt.timedelta(seconds=self.staleness_s)
+        async with self.db.transaction() as session:
+            stale = (
+                await session.execute(
+                    select(NodeRow, ClusterRow.project_id)
+                    .join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
+                    .where(
+                        NodeRow.health != Health.UNKNOWN.value,
+                        NodeRow.state.not_in([NodeState.REMOVED.value]),
+                        or_(NodeRow.last_report_at.is_(None), NodeRow.last_report_at < cutoff),
+                    )
+                    .with_for_update(skip_locked=True, of=NodeRow)
+                )
+            ).all()
+            for node, project_id in stale:
+                silent = (
+                    "never reported"
+                    if node.last_report_at is None
+                    else f"no report for {int((now - node.last_report_at).total_seconds())} s"
+                )
+                record_event(
+                    session,
+                    kind=EventKind.NODE_HEALTH,
+                    message=f"node {node.name} health: {node.health} → unknown ({silent})",
+                    project_id=project_id,
+                    cluster_id=node.cluster_id,
+                    node_id=node.id,
+                    actor="system:health",
+                    data={"from": node.health, "to": Health.UNKNOWN.value, "reason": silent},
+                    ts=now,
+                )
+                node.health = Health.UNKNOWN.value
+                self.marked_unknown += 1
+        async with self.db.transaction() as session:
+            clusters = (
+                await session.scalars(
+                    select(ClusterRow).where(
+                        ClusterRow.status.not_in(
+                            [ClusterStatus.DELETED.value, ClusterStatus.DELETING.value]
+                        )
+                    )
+                )
+            ).all()
+            for cluster in clusters:
+                await refresh_cluster_health(
+                    session, cluster=cluster, staleness_s=self.staleness_s, now=now
+                )

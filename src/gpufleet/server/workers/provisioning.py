@@ -1,0 +1,306 @@
+"""The provisioning loop: make each cluster's machines match its rows.
+
+Level-triggered and crash-safe. Every provider call is idempotent (the client token is
+the node id and attempt), and each step is load → act (no transaction open) → apply (in a
+transaction that re-reads the row and checks it is still in the state the step saw). A
+server killed at any point re-runs the step and converges on the same nodes; the unique
+(cluster, name) constraint makes a duplicate node impossible even with two replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+
+from sqlalchemy import select
+
+from gpufleet.core.enums import ClusterStatus, EventKind, NodeState
+from gpufleet.core.errors import DriverError
+from gpufleet.providers.base import Instance, InstanceState, Provider, ProvisionRequest
+from gpufleet.server.db.tables import ClusterRow, NodeRow
+from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
+from gpufleet.server.services.clusters import new_node_rows, node_name, switch_cluster_status
+from gpufleet.server.services.events import record_event
+from gpufleet.server.services.nodes import switch_node_state
+from gpufleet.server.workers.base import LoopDeps, LoopService
+
+log = logging.getLogger(__name__)
+
+ACTOR = "system:provisioning"
+MAX_ATTEMPTS = 3  # a slot that fails to boot this often is marked failed for a human
+_ACTIVE = [
+    ClusterStatus.PROVISIONING.value,
+    ClusterStatus.READY.value,
+    ClusterStatus.DEGRADED.value,
+    ClusterStatus.DELETING.value,
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class _NodeView:
+    id: str
+    name: str
+    state: NodeState
+    instance_id: str | None
+    attempts: int
+
+
+class ProvisioningLoop(LoopService):
+    name = "provisioning"
+
+    def __init__(
+        self,
+        deps: LoopDeps,
+        *,
+        interval_s: float,
+        drivers: DriverRegistry,
+        server_url: Callable[[], str],
+        concurrency: int = 32,
+    ) -> None:
+        super().__init__(deps, interval_s=interval_s)
+        self.drivers = drivers
+        self.server_url = server_url
+        self._limit = asyncio.Semaphore(concurrency)
+
+    async def run_once(self) -> None:
+        async with self.db.session() as session:
+            cluster_ids = list(
+                (await session.scalars(select(ClusterRow.id).where(ClusterRow.status.in_(_ACTIVE))))
+            )
+        for cluster_id in cluster_ids:
+            try:
+                await self.reconcile_cluster(cluster_id)
+            except Exception:  # one cluster's trouble never stalls the others
+                log.exception("provisioning: cluster %s failed this pass", cluster_id)
+
+    async def reconcile_cluster(self, cluster_id: str) -> None:
+        async with self.db.session() as session:
+            cluster = await session.get(ClusterRow, cluster_id)
+            if cluster is None:
+                return
+            nodes = [
+                _NodeView(n.id, n.name, NodeState(n.state), n.provider_instance_id, n.provision_attempts)
+                for n in await session.scalars(
+                    select(NodeRow).where(
+                        NodeRow.cluster_id == cluster_id, NodeRow.state != NodeState.REMOVED.value
+                    )
+                )
+            ]
+        provider = self.drivers.provider(cluster.provider)
+        if cluster.status == ClusterStatus.DELETING.value:
+            await self._delete(cluster, nodes, provider)
+            return
+        await self._ensure_slots(cluster, nodes)
+        pending = [n for n in nodes if n.state is NodeState.PROVISIONING]
+        await asyncio.gather(*(self._limited(self._step_node(cluster, n, provider)) for n in pending))
+        await self._update_cluster_status(cluster_id)
+
+    async def _limited(self, step: Awaitable[None]) -> None:
+        async with self._limit:
+            try:
+                await step
+            except Exception:
+                log.exception("provisioning: node step failed")
+
+    async def _ensure_slots(self, cluster: ClusterRow, nodes: list[_NodeView]) -> None:
+        names = {n.name for n in nodes}
+        missing = [s for s in range(cluster.size) if node_name(cluster.name, s) not in names]
+        if not missing:
+            return
+        async with self.db.transaction() as session:
+            existing = set(
+                await session.scalars(select(NodeRow.name).where(NodeRow.cluster_id == cluster.id))
+            )
+            rows = new_node_rows(
+                cluster,
+                slots=[s for s in missing if node_name(cluster.name, s) not in existing],
+                now=self.clock.now(),
+            )
+            session.add_all(rows)
+
+    async def _step_node(self, cluster: ClusterRow, node: _NodeView, provider: Provider) -> None:
+        if node.instance_id is None:
+            await self._request_machine(cluster, node, provider)
+            return
+        instance = await provider.get_instance(node.instance_id)
+        if instance is None or instance.state is InstanceState.TERMINATED:
+            await self._forget_instance(cluster, node, reason="the provider no longer has it")
+        elif instance.state is InstanceState.RUNNING:
+            await self._mark_provisioned(cluster, node, instance)
+        elif instance.state is InstanceState.FAILED:
+            await provider.terminate(instance.instance_id)
+            await self._forget_instance(
+                cluster, node, reason=f"boot failed: {instance.error or 'no reason given'}"
+            )
+
+    async def _request_machine(
+        self, cluster: ClusterRow, node: _NodeView, provider: Provider
+    ) -> None:
+        token = generate_token(NODE_TOKEN_PREFIX)
+        request = ProvisionRequest(
+            client_token=f"{node.id}/{node.attempts}",
+            cluster_id=cluster.id,
+            node_name=node.name,
+            gpu_model=cluster.gpu_model,
+            gpu_count=cluster.gpus_per_node,
+            user_data={"gpufleet_url": self.server_url(), "gpufleet_node_token": token},
+        )
+        try:
+            instance = await provider.provision(request)
+        except DriverError as exc:
+            async with self.db.transaction() as session:
+                record_event(
+                    session,
+                    kind=EventKind.PROVIDER_ERROR,
+                    message=f"node {node.name}: provision failed: {exc.message}",
+                    project_id=cluster.project_id,
+                    cluster_id=cluster.id,
+                    node_id=node.id,
+                    actor=ACTOR,
+                )
+            return
+        async with self.db.transaction() as session:
+            row = await session.get(NodeRow, node.id, with_for_update=True)
+            if row is None or row.state != NodeState.PROVISIONING.value:
+                return
+            row.provider_instance_id = instance.instance_id
+            row.token_hash = hash_token(token)
+            row.provision_requested_at = self.clock.now()
+            row.updated_at = self.clock.now()
+            record_event(
+                session,
+                kind=EventKind.NODE_CREATED,
+                message=f"node {node.name}: machine requested from {provider.kind} "
+                f"(instance {instance.instance_id}, attempt {node.attempts + 1})",
+                project_id=cluster.project_id,
+                cluster_id=cluster.id,
+                node_id=node.id,
+                actor=ACTOR,
+                data={"instance_id": instance.instance_id, "attempt": node.attempts + 1},
+            )
+
+    async def _mark_provisioned(
+        self, cluster: ClusterRow, node: _NodeView, instance: Instance
+    ) -> None:
+        async with self.db.transaction() as session:
+            row = await session.get(NodeRow, node.id, with_for_update=True)
+            if (
+                row is None
+                or row.state != NodeState.PROVISIONING.value
+                or row.provider_instance_id != instance.instance_id
+            ):
+                return
+            row.hostname = row.hostname or instance.hostname
+            row.scheduler_name = row.scheduler_name or instance.hostname or row.name
+            row.serial = instance.serial or row.serial
+            row.bmc_address = instance.bmc_address
+            row.rack, row.leaf_switch, row.pdu = instance.rack, instance.leaf_switch, instance.pdu
+            # Acceptance tests (DCGM, NCCL, IB) arrive with the active-checks work; until
+            # then a booted node goes straight into service.
+            switch_node_state(
+                session,
+                node=row,
+                project_id=cluster.project_id,
+                target=NodeState.IN_SERVICE,
+                actor=ACTOR,
+                reason=f"machine {instance.instance_id} is running",
+                now=self.clock.now(),
+            )
+
+    async def _forget_instance(self, cluster: ClusterRow, node: _NodeView, *, reason: str) -> None:
+        async with self.db.transaction() as session:
+            row = await session.get(NodeRow, node.id, with_for_update=True)
+            if row is None or row.provider_instance_id != node.instance_id:
+                return
+            row.provider_instance_id = None
+            row.token_hash = None
+            row.provision_attempts += 1
+            record_event(
+                session,
+                kind=EventKind.PROVIDER_ERROR,
+                message=f"node {node.name}: instance {node.instance_id} given up: {reason}",
+                project_id=cluster.project_id,
+                cluster_id=cluster.id,
+                node_id=node.id,
+                actor=ACTOR,
+                data={"instance_id": node.instance_id, "attempts": row.provision_attempts},
+            )
+            if row.provision_attempts >= MAX_ATTEMPTS:
+                switch_node_state(
+                    session,
+                    node=row,
+                    project_id=cluster.project_id,
+                    target=NodeState.FAILED,
+                    actor=ACTOR,
+                    reason=f"{row.provision_attempts} provisioning attempts failed",
+                )
+
+    async def _update_cluster_status(self, cluster_id: str) -> None:
+        async with self.db.transaction() as session:
+            cluster = await session.get(ClusterRow, cluster_id, with_for_update=True)
+            if cluster is None:
+                return
+            states = [
+                NodeState(s)
+                for s in await session.scalars(
+                    select(NodeRow.state).where(
+                        NodeRow.cluster_id == cluster_id, NodeRow.state != NodeState.REMOVED.value
+                    )
+                )
+            ]
+            in_service = sum(1 for s in states if s is NodeState.IN_SERVICE)
+            status = ClusterStatus(cluster.status)
+            if status is ClusterStatus.PROVISIONING and in_service >= cluster.size:
+                switch_cluster_status(
+                    session,
+                    cluster=cluster,
+                    target=ClusterStatus.READY,
+                    actor=ACTOR,
+                    reason=f"all {cluster.size} nodes in service",
+                )
+            elif status is ClusterStatus.PROVISIONING and all(
+                s is NodeState.FAILED for s in states
+            ) and states:
+                switch_cluster_status(
+                    session,
+                    cluster=cluster,
+                    target=ClusterStatus.FAILED,
+                    actor=ACTOR,
+                    reason="every node failed to provision",
+                )
+
+    async def _delete(self, cluster: ClusterRow, nodes: list[_NodeView], provider: Provider) -> None:
+        instance_ids = {n.instance_id for n in nodes if n.instance_id}
+        # Also machines the provider has for this cluster that no row knows (a crash
+        # between provisioning and recording it): nothing may be left running and billed.
+        instance_ids |= {i.instance_id for i in await provider.list_instances(cluster.id)}
+        await asyncio.gather(*(provider.terminate(i) for i in instance_ids))
+        async with self.db.transaction() as session:
+            row = await session.get(ClusterRow, cluster.id, with_for_update=True)
+            if row is None or row.status != ClusterStatus.DELETING.value:
+                return
+            for node in await session.scalars(
+                select(NodeRow).where(
+                    NodeRow.cluster_id == cluster.id, NodeRow.state != NodeState.REMOVED.value
+                )
+            ):
+                for target in (NodeState.REMOVING, NodeState.REMOVED):
+                    switch_node_state(
+                        session,
+                        node=node,
+                        project_id=row.project_id,
+                        target=target,
+                        actor=ACTOR,
+                        reason="cluster deleted",
+                    )
+                node.token_hash = None
+            switch_cluster_status(
+                session,
+                cluster=row,
+                target=ClusterStatus.DELETED,
+                actor=ACTOR,
+                reason=f"{len(instance_ids)} machines given back",
+            )
