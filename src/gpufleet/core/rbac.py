@@ -19,7 +19,7 @@ class Permission(StrEnum):
     NODE_ACTION = "node.action"
     EVENT_READ = "event.read"
     FINDING_READ = "finding.read"
-    TOKEN_CREATE = "token.create"
+    TOKEN_CREATE = "token.create"  # noqa: S105 - a permission name
     MEMBER_MANAGE = "member.manage"
     REPAIR_APPROVE = "repair.approve"
     CHECK_RUN = "check.run"

@@ -153,8 +153,7 @@ def _save_bootstrap_token(settings: ServerSettings, token: str) -> None:
         path.write_text(token + "\n")
     if not settings.announce_bootstrap_token:
         return
-    print(  # noqa: T201 - printed once on purpose: the operator must copy it
-        "gpufleet: first start; bootstrap admin token (shown once):\n"
-        f"GPUFLEET_TOKEN={token}",
+    print(
+        f"gpufleet: first start; bootstrap admin token (shown once):\nGPUFLEET_TOKEN={token}",
         flush=True,
     )

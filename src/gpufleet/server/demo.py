@@ -21,7 +21,7 @@ DEMO_PROJECT = "demo"
 DEMO_CLUSTER = "demo"
 DEMO_NODES = 16
 DEMO_GPUS_PER_NODE = 8
-TOKEN_FILE = "demo-token"
+TOKEN_FILE = "demo-token"  # noqa: S105 - a file name
 
 
 async def prepare_demo(ctx: AppContext) -> str:

@@ -11,7 +11,7 @@ import uvicorn
 from gpufleet.server.app import create_app
 from gpufleet.server.context import AppContext
 from gpufleet.server.demo import prepare_demo
-from gpufleet.server.settings import ServerSettings
+from gpufleet.server.settings import ServerSettings, default_data_dir
 
 
 def configure_logging(level: str = "INFO") -> None:
@@ -27,7 +27,7 @@ def run_server(settings: ServerSettings | None = None) -> None:
     settings = settings or ServerSettings()
     configure_logging()
     app = create_app(settings)
-    print(f"gpufleet: serving on http://{settings.host}:{settings.port}", flush=True)  # noqa: T201
+    print(f"gpufleet: serving on http://{settings.host}:{settings.port}", flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
 
 
@@ -41,8 +41,8 @@ def demo_settings(*, port: int, data_dir: Path | None) -> ServerSettings:
         "database_url": None,
         "announce_bootstrap_token": False,
     }
-    if data_dir is not None:
-        overrides["data_dir"] = data_dir
+    # The demo keeps its own directory so it never mixes with a real server's data.
+    overrides["data_dir"] = data_dir if data_dir is not None else default_data_dir() / "demo"
     return ServerSettings(**overrides)  # type: ignore[arg-type]
 
 
@@ -53,11 +53,10 @@ def run_demo(*, port: int = 8080, data_dir: Path | None = None) -> None:
 
     async def announce(ctx: AppContext) -> None:
         token = await prepare_demo(ctx)
-        print(f"GPUFLEET_URL={ctx.public_url}", flush=True)  # noqa: T201
-        print(f"GPUFLEET_TOKEN={token}", flush=True)  # noqa: T201
+        print(f"GPUFLEET_URL={ctx.public_url}", flush=True)
+        print(f"GPUFLEET_TOKEN={token}", flush=True)
         print(
-            f"gpufleet demo: data in {settings.data_dir}; try `gpufleet nodes list`; "
-            "Ctrl-C stops",
+            f"gpufleet demo: data in {settings.data_dir}; try `gpufleet nodes list`; Ctrl-C stops",
             file=sys.stderr,
             flush=True,
         )

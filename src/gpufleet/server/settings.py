@@ -85,7 +85,8 @@ class ServerSettings(BaseSettings):
         default=0.0, ge=0, le=1, description="Share of simulated provisioning attempts that fail."
     )
     announce_bootstrap_token: bool = Field(
-        default=True, description="Print the bootstrap token on first start (the demo prints its own)."
+        default=True,
+        description="Print the bootstrap token on first start (the demo prints its own).",
     )
     bootstrap_token_file: Path | None = Field(
         default=None,

@@ -50,7 +50,9 @@ class RunningApp:
 
 
 @asynccontextmanager
-async def running_app(settings: ServerSettings, *, clock: Clock | None = None) -> AsyncIterator[RunningApp]:
+async def running_app(
+    settings: ServerSettings, *, clock: Clock | None = None
+) -> AsyncIterator[RunningApp]:
     app = create_app(settings, clock=clock)
     async with LifespanManager(app, startup_timeout=60):
         ctx: AppContext = app.state.ctx

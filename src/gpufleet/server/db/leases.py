@@ -40,8 +40,12 @@ async def acquire_lease(
         result = await session.execute(
             update(LeaseRow)
             .where(LeaseRow.name == name, LeaseRow.token == row.token)
-            .values(owner=owner, token=token, expires_at=expires,
-                    acquired_at=row.acquired_at if row.owner == owner else now)
+            .values(
+                owner=owner,
+                token=token,
+                expires_at=expires,
+                acquired_at=row.acquired_at if row.owner == owner else now,
+            )
         )
         assert isinstance(result, CursorResult)
         return token if result.rowcount == 1 else None
@@ -49,7 +53,9 @@ async def acquire_lease(
 
 async def release_lease(db: Database, *, name: str, token: str) -> None:
     async with db.transaction() as session:
-        await session.execute(delete(LeaseRow).where(LeaseRow.name == name, LeaseRow.token == token))
+        await session.execute(
+            delete(LeaseRow).where(LeaseRow.name == name, LeaseRow.token == token)
+        )
 
 
 async def lease_holder(db: Database, *, name: str) -> tuple[str, dt.datetime] | None:

@@ -45,7 +45,11 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+    def process_bind_param(
+        self,
+        value: dt.datetime | None,
+        dialect: Dialect,  # noqa: ARG002 - required by the TypeDecorator signature
+    ) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
@@ -53,7 +57,9 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
         return value.astimezone(dt.UTC)
 
     def process_result_value(
-        self, value: dt.datetime | None, dialect: Dialect
+        self,
+        value: dt.datetime | None,
+        dialect: Dialect,  # noqa: ARG002 - required by the TypeDecorator signature
     ) -> dt.datetime | None:
         return None if value is None else as_utc(value)
 
@@ -92,7 +98,9 @@ class MembershipRow(Base):
     project_id: Mapped[str] = mapped_column(
         ForeignKey("project.id", ondelete="CASCADE"), primary_key=True
     )
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    )
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[dt.datetime]
 
@@ -138,7 +146,9 @@ class ClusterRow(_Leased, Base):
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    project_id: Mapped[str] = mapped_column(ForeignKey("project.id", ondelete="RESTRICT"), index=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("project.id", ondelete="RESTRICT"), index=True
+    )
     name: Mapped[str] = mapped_column(String(63))
     scheduler: Mapped[str] = mapped_column(String(16))
     provider: Mapped[str] = mapped_column(String(16))
@@ -163,7 +173,9 @@ class NodeRow(_Leased, Base):
     __table_args__ = (UniqueConstraint("cluster_id", "name", name="uq_node_cluster_name"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), index=True
+    )
     name: Mapped[str] = mapped_column(String(63))
     # Identity: one node across hostname, scheduler name, provider instance and serial.
     hostname: Mapped[str | None] = mapped_column(String(253))
@@ -219,7 +231,9 @@ class FindingRow(Base):
     __table_args__ = (Index("ix_finding_node_open", "node_id", "cleared_at"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), index=True
+    )
     node_id: Mapped[str] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"))
     gpu_uuid: Mapped[str | None] = mapped_column(String(80))
     signature_id: Mapped[str] = mapped_column(String(80), index=True)
@@ -237,7 +251,9 @@ class CheckRunRow(_Leased, Base):
     __tablename__ = "check_run"
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), index=True
+    )
     kind: Mapped[str] = mapped_column(String(32))
     params: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     node_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
@@ -254,8 +270,12 @@ class RepairRow(_Leased, Base):
     __tablename__ = "repair"
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
-    node_id: Mapped[str | None] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"), index=True)
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), index=True
+    )
+    node_id: Mapped[str | None] = mapped_column(
+        ForeignKey("node.id", ondelete="CASCADE"), index=True
+    )
     action: Mapped[str] = mapped_column(String(24))
     status: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(Text)
@@ -288,10 +308,14 @@ class EventRow(Base):
 
 class JobRow(Base):
     __tablename__ = "job"
-    __table_args__ = (UniqueConstraint("cluster_id", "scheduler_job_id", name="uq_job_cluster_sjid"),)
+    __table_args__ = (
+        UniqueConstraint("cluster_id", "scheduler_job_id", name="uq_job_cluster_sjid"),
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"), index=True)
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), index=True
+    )
     scheduler_job_id: Mapped[str] = mapped_column(String(64))
     name: Mapped[str] = mapped_column(String(255), default="")
     user_name: Mapped[str] = mapped_column(String(128), default="")

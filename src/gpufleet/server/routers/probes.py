@@ -21,6 +21,6 @@ async def readiness(ctx: CtxDep) -> dict[str, str] | JSONResponse:
         return JSONResponse({"status": "starting"}, status_code=503)
     try:
         await ctx.db.check()
-    except Exception as exc:  # any store failure means "not ready", with the reason
+    except Exception as exc:  # noqa: BLE001 - any store failure means "not ready", with the reason
         return JSONResponse({"status": "store unavailable", "detail": repr(exc)}, status_code=503)
     return {"status": "ready"}

@@ -20,7 +20,9 @@ async def create_token(body: CreateTokenRequest, caller: CallerDep, ctx: CtxDep)
     async with ctx.db.transaction() as session:
         project_id = None
         if body.project is not None:
-            project_id = (await get_project_row_or_error(session, caller=caller, ref=body.project)).id
+            project_id = (
+                await get_project_row_or_error(session, caller=caller, ref=body.project)
+            ).id
         return await auth_services.create_api_token(
             session,
             caller=caller,
@@ -43,6 +45,9 @@ async def me(caller: CallerDep, ctx: CtxDep) -> dict[str, Any]:
             Membership(project_id=p, user_id=caller.user_id, role=r).model_dump(mode="json")
             for p, r in caller.memberships.items()
         ],
-        "token": {"id": caller.token_id, "project_id": caller.token_project_id,
-                  "role": caller.token_role.value if caller.token_role else None},
+        "token": {
+            "id": caller.token_id,
+            "project_id": caller.token_project_id,
+            "role": caller.token_role.value if caller.token_role else None,
+        },
     }

@@ -28,4 +28,3 @@ class CreateClusterRequest(Request):
     autoscale_min: Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE)] | None = None
     autoscale_max: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE)] | None = None
     labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=64)] = {}
-

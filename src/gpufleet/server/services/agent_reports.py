@@ -113,10 +113,11 @@ async def apply_report_batches(
     gpu_inserts: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     for item in items:
-        w = by_hash.get(item.token_hash)
-        if w is None:
+        found = by_hash.get(item.token_hash)
+        if found is None:
             results.append(Unauthorized("unknown or revoked node token"))
             continue
+        w = found
         fresh = sorted((r for r in item.batch.reports if r.seq > w.last_seq), key=lambda r: r.seq)
         duplicates = len(item.batch.reports) - len(fresh)
         if _has_repeated_seq(fresh):
@@ -125,7 +126,11 @@ async def apply_report_batches(
         if fresh:
             latest = fresh[-1]
             _apply_latest(
-                w, latest=latest, now=now, gpu_updates=gpu_updates, gpu_inserts=gpu_inserts,
+                w,
+                latest=latest,
+                now=now,
+                gpu_updates=gpu_updates,
+                gpu_inserts=gpu_inserts,
                 events=events,
             )
             w.last_seq = latest.seq
@@ -168,7 +173,9 @@ async def apply_report_batches(
             )
         )
 
-    await _write(session, work=work, gpu_updates=gpu_updates, gpu_inserts=gpu_inserts, events=events)
+    await _write(
+        session, work=work, gpu_updates=gpu_updates, gpu_inserts=gpu_inserts, events=events
+    )
     return results
 
 
@@ -212,7 +219,11 @@ def _apply_latest(
                     now=now,
                     message=f"node {w.node.name}: GPU {sample.index} replaced "
                     f"({replaced.uuid} → {sample.uuid})",
-                    data={"index": sample.index, "old_uuid": replaced.uuid, "new_uuid": sample.uuid},
+                    data={
+                        "index": sample.index,
+                        "old_uuid": replaced.uuid,
+                        "new_uuid": sample.uuid,
+                    },
                 )
             )
         row = GpuRow(

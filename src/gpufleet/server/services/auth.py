@@ -24,8 +24,8 @@ from gpufleet.core.rbac import Permission, is_allowed
 from gpufleet.server.db.tables import ApiTokenRow, MembershipRow, UserRow
 from gpufleet.server.services.audit import record_audit
 
-API_TOKEN_PREFIX = "gpf_"
-NODE_TOKEN_PREFIX = "gpfn_"
+API_TOKEN_PREFIX = "gpf_"  # noqa: S105 - a prefix, not a secret
+NODE_TOKEN_PREFIX = "gpfn_"  # noqa: S105 - a prefix, not a secret
 MAX_TOKEN_DAYS = 3650
 
 
@@ -107,7 +107,9 @@ async def resolve_caller(
     """The caller behind a bearer token, or ``Unauthorized``."""
     if not token.startswith(API_TOKEN_PREFIX):
         raise Unauthorized("not an API token (node tokens only work on agent endpoints)")
-    row = await session.scalar(select(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(token)))
+    row = await session.scalar(
+        select(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(token))
+    )
     now = utcnow()
     if row is None or row.revoked_at is not None:
         raise Unauthorized("invalid or revoked token")
@@ -118,7 +120,9 @@ async def resolve_caller(
         raise Unauthorized("token's user no longer exists")
     memberships = {
         m.project_id: Role(m.role)
-        for m in await session.scalars(select(MembershipRow).where(MembershipRow.user_id == user.id))
+        for m in await session.scalars(
+            select(MembershipRow).where(MembershipRow.user_id == user.id)
+        )
     }
     # last_used_at at minute resolution: one write per token per minute, not per request.
     if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):

@@ -10,7 +10,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.clock import utcnow
-from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState, ProviderKind, SchedulerKind
+from gpufleet.core.enums import (
+    ClusterStatus,
+    EventKind,
+    Health,
+    NodeState,
+    ProviderKind,
+    SchedulerKind,
+)
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.gpu_models import GPU_MODELS
 from gpufleet.core.ids import is_id, new_id
@@ -186,13 +193,17 @@ async def create_cluster(
             f"project {project.name} already has a cluster named {request.name!r}", field="name"
         ) from exc
     counts = NodeCounts(
-        total=row.size, by_state={NodeState.PROVISIONING.value: row.size},
-        by_health={Health.UNKNOWN.value: row.size}, gpus=0,
+        total=row.size,
+        by_state={NodeState.PROVISIONING.value: row.size},
+        by_health={Health.UNKNOWN.value: row.size},
+        gpus=0,
     )
     return cluster_row_to_cluster(row, counts=counts)
 
 
-def new_node_rows(cluster: ClusterRow, *, slots: range | list[int], now: dt.datetime) -> list[NodeRow]:
+def new_node_rows(
+    cluster: ClusterRow, *, slots: range | list[int], now: dt.datetime
+) -> list[NodeRow]:
     return [
         NodeRow(
             id=new_id(),
@@ -230,7 +241,7 @@ async def list_clusters(
     name: str | None = None,
     status: ClusterStatus | None = None,
 ) -> Page[Cluster]:
-    query: Select[tuple[ClusterRow]] = select(ClusterRow).order_by(ClusterRow.created_at)
+    query: Select[ClusterRow] = select(ClusterRow).order_by(ClusterRow.created_at)
     visible = caller.visible_project_ids()
     if project_ref is not None:
         project = await get_project_row_or_error(session, caller=caller, ref=project_ref)

@@ -76,7 +76,7 @@ async def list_events(
     """
     if cursor is not None and not is_id(cursor):
         raise InvalidInput("cursor is not one this server issued", field="cursor")
-    query: Select[tuple[EventRow]] = select(EventRow)
+    query: Select[EventRow] = select(EventRow)
     if project_ids is not None:
         query = query.where(EventRow.project_id.in_(project_ids))
     if cluster_id:

@@ -46,7 +46,7 @@ async def list_findings(
     """Newest first; ``cursor`` is the last finding id of the previous page."""
     if cursor is not None and not is_id(cursor):
         raise InvalidInput("cursor is not one this server issued", field="cursor")
-    query: Select[tuple[FindingRow]] = select(FindingRow).join(
+    query: Select[FindingRow] = select(FindingRow).join(
         ClusterRow, ClusterRow.id == FindingRow.cluster_id
     )
     visible = caller.visible_project_ids()

@@ -153,9 +153,7 @@ async def list_nodes(
     unless ``state=removed`` is asked for."""
     if cursor is not None and not is_id(cursor):
         raise InvalidInput("cursor is not one this server issued", field="cursor")
-    query: Select[tuple[NodeRow]] = select(NodeRow).join(
-        ClusterRow, ClusterRow.id == NodeRow.cluster_id
-    )
+    query: Select[NodeRow] = select(NodeRow).join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
     visible = caller.visible_project_ids()
     if visible is not None:
         query = query.where(ClusterRow.project_id.in_(visible))

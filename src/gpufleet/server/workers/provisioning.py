@@ -68,7 +68,7 @@ class ProvisioningLoop(LoopService):
     async def run_once(self) -> None:
         async with self.db.session() as session:
             cluster_ids = list(
-                (await session.scalars(select(ClusterRow.id).where(ClusterRow.status.in_(_ACTIVE))))
+                await session.scalars(select(ClusterRow.id).where(ClusterRow.status.in_(_ACTIVE)))
             )
         for cluster_id in cluster_ids:
             try:
@@ -82,7 +82,9 @@ class ProvisioningLoop(LoopService):
             if cluster is None:
                 return
             nodes = [
-                _NodeView(n.id, n.name, NodeState(n.state), n.provider_instance_id, n.provision_attempts)
+                _NodeView(
+                    n.id, n.name, NodeState(n.state), n.provider_instance_id, n.provision_attempts
+                )
                 for n in await session.scalars(
                     select(NodeRow).where(
                         NodeRow.cluster_id == cluster_id, NodeRow.state != NodeState.REMOVED.value
@@ -95,7 +97,9 @@ class ProvisioningLoop(LoopService):
             return
         await self._ensure_slots(cluster, nodes)
         pending = [n for n in nodes if n.state is NodeState.PROVISIONING]
-        await asyncio.gather(*(self._limited(self._step_node(cluster, n, provider)) for n in pending))
+        await asyncio.gather(
+            *(self._limited(self._step_node(cluster, n, provider)) for n in pending)
+        )
         await self._update_cluster_status(cluster_id)
 
     async def _limited(self, step: Awaitable[None]) -> None:
@@ -261,9 +265,11 @@ class ProvisioningLoop(LoopService):
                     actor=ACTOR,
                     reason=f"all {cluster.size} nodes in service",
                 )
-            elif status is ClusterStatus.PROVISIONING and all(
-                s is NodeState.FAILED for s in states
-            ) and states:
+            elif (
+                status is ClusterStatus.PROVISIONING
+                and all(s is NodeState.FAILED for s in states)
+                and states
+            ):
                 switch_cluster_status(
                     session,
                     cluster=cluster,
@@ -272,7 +278,9 @@ class ProvisioningLoop(LoopService):
                     reason="every node failed to provision",
                 )
 
-    async def _delete(self, cluster: ClusterRow, nodes: list[_NodeView], provider: Provider) -> None:
+    async def _delete(
+        self, cluster: ClusterRow, nodes: list[_NodeView], provider: Provider
+    ) -> None:
         instance_ids = {n.instance_id for n in nodes if n.instance_id}
         # Also machines the provider has for this cluster that no row knows (a crash
         # between provisioning and recording it): nothing may be left running and billed.

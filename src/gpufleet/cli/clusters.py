@@ -1,0 +1,251 @@
+"""``gpufleet clusters``: list, create, show, status, delete."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from gpufleet.cli import config
+from gpufleet.cli.output import (
+    HEALTH_STYLES,
+    STATE_STYLES,
+    OutputFormat,
+    OutputOpt,
+    counts,
+    emit,
+    fields,
+    fmt_time,
+    health_text,
+    note,
+    plain,
+    print_table,
+    state_text,
+    table,
+)
+from gpufleet.cli.paging import collect
+from gpufleet.client.api import ClusterStatusReport
+from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
+from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.core.models import Cluster, NodeCounts, Page
+
+app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
+
+# Label keys as Kubernetes spells them (optional prefix/, then a name), values anything
+# without a newline; checked here so a typo fails before anything is sent.
+_LABEL_KEY = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+ProjectOpt = Annotated[
+    str | None, typer.Option("--project", "-p", help="Project id or name to look in.")
+]
+ClusterRef = Annotated[str, typer.Argument(help="Cluster id, or its name.")]
+
+
+def parse_labels(values: list[str]) -> dict[str, str]:
+    """``["team=ml", "tier=prod"]`` → dict; a malformed one is a usage error (exit 2)."""
+    labels: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not _LABEL_KEY.match(key) or "\n" in value:
+            raise typer.BadParameter(
+                f"{item!r} is not KEY=VALUE (KEY: letters, digits, '.', '_', '-', "
+                "optionally prefix/)",
+                param_hint="--label",
+            )
+        labels[key] = value
+    return labels
+
+
+def _render_list(page: Page[Cluster]) -> None:
+    t = table(
+        "NAME", "STATUS", "HEALTH", "SIZE", "GPUS/NODE", "GPU MODEL", "SCHED", "ID",
+        right=("SIZE", "GPUS/NODE"),
+    )  # fmt: skip
+    for c in page.items:
+        t.add_row(
+            plain(c.name),
+            state_text(c.status.value),
+            health_text(c.health.value),
+            str(c.size),
+            str(c.gpus_per_node),
+            plain(c.gpu_model),
+            c.scheduler.value,
+            plain(c.id),
+        )
+    print_table(t)
+    if not page.items:
+        note("no clusters")
+
+
+def _node_rows(nodes: NodeCounts | None) -> list[tuple[str, Text | str]]:
+    if nodes is None:
+        return []
+    return [
+        ("nodes", f"{nodes.total} ({nodes.gpus} GPUs)"),
+        ("  by state", counts(nodes.by_state, STATE_STYLES)),
+        ("  by health", counts(nodes.by_health, HEALTH_STYLES)),
+    ]
+
+
+def _render_one(c: Cluster) -> None:
+    autoscale = (
+        "off"
+        if c.autoscale_min is None and c.autoscale_max is None
+        else f"{c.autoscale_min if c.autoscale_min is not None else '-'}"
+        f"..{c.autoscale_max if c.autoscale_max is not None else '-'}"
+    )
+    rows: list[tuple[str, Text | str]] = [
+        ("name", c.name),
+        ("id", c.id),
+        ("project", c.project_id),
+        ("status", state_text(c.status.value)),
+        ("health", health_text(c.health.value)),
+        ("size", str(c.size)),
+        ("gpus", f"{c.gpus_per_node} x {c.gpu_model} per node"),
+        ("scheduler", c.scheduler.value),
+        ("provider", c.provider.value),
+        ("acceptance tests", "on" if c.acceptance_tests else "off"),
+        ("autoscale", autoscale),
+        ("labels", ", ".join(f"{k}={v}" for k, v in sorted(c.labels.items())) or "-"),
+        ("startup scripts", str(len(c.startup_scripts))),
+        ("created", fmt_time(c.created_at)),
+        ("updated", fmt_time(c.updated_at)),
+        *_node_rows(c.nodes),
+    ]
+    print_table(fields(rows))
+
+
+def _render_status(s: ClusterStatusReport) -> None:
+    rows: list[tuple[str, Text | str]] = [
+        ("name", s.name),
+        ("id", s.id),
+        ("status", state_text(s.status.value)),
+        ("health", health_text(s.health.value)),
+        ("size", str(s.size)),
+        *_node_rows(s.nodes),
+    ]
+    print_table(fields(rows))
+
+
+@app.command("list")
+def list_clusters(
+    ctx: typer.Context,
+    project: ProjectOpt = None,
+    status: Annotated[
+        ClusterStatus | None, typer.Option(case_sensitive=False, help="Only this status.")
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """List clusters in your projects."""
+    with config.client_for(ctx) as client:
+        page = collect(
+            lambda cursor, limit: client.list_clusters(
+                project=project, status=status, cursor=cursor, limit=limit
+            )
+        )
+    emit(output, page, _render_list)
+
+
+@app.command("create")
+def create_cluster(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Cluster name, unique in the project.")],
+    project: Annotated[str, typer.Option("--project", "-p", help="Project id or name.")],
+    size: Annotated[int, typer.Option(min=0, help="Number of nodes.")] = 2,
+    gpus_per_node: Annotated[int, typer.Option(min=1, help="GPUs in each node.")] = 8,
+    gpu_model: Annotated[str, typer.Option(help="GPU model name, as NVML reports it.")] = (
+        DEFAULT_GPU_MODEL
+    ),
+    scheduler: Annotated[SchedulerKind, typer.Option(case_sensitive=False)] = SchedulerKind.SIM,
+    provider: Annotated[ProviderKind, typer.Option(case_sensitive=False)] = ProviderKind.SIM,
+    acceptance_tests: Annotated[
+        bool,
+        typer.Option(
+            "--acceptance-tests/--no-acceptance-tests",
+            help="Run acceptance checks before the cluster (or a new node) takes work.",
+        ),
+    ] = True,
+    label: Annotated[
+        list[str] | None, typer.Option("--label", "-l", help="KEY=VALUE; repeat for more.")
+    ] = None,
+    startup_script: Annotated[
+        list[str] | None,
+        typer.Option("--startup-script", help="Shell script run on each new node; repeatable."),
+    ] = None,
+    autoscale_min: Annotated[int | None, typer.Option(min=0)] = None,
+    autoscale_max: Annotated[int | None, typer.Option(min=0)] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Create a cluster; it provisions, runs acceptance tests, then becomes ready."""
+    labels = parse_labels(label or [])
+    with config.client_for(ctx) as client:
+        cluster = client.create_cluster(
+            project=project,
+            name=name,
+            size=size,
+            scheduler=scheduler,
+            provider=provider,
+            gpu_model=gpu_model,
+            gpus_per_node=gpus_per_node,
+            acceptance_tests=acceptance_tests,
+            startup_scripts=startup_script or [],
+            autoscale_min=autoscale_min,
+            autoscale_max=autoscale_max,
+            labels=labels,
+        )
+    emit(output, cluster, _render_one)
+
+
+@app.command("show")
+def show_cluster(
+    ctx: typer.Context,
+    ref: ClusterRef,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Show a cluster's spec and its node counts."""
+    with config.client_for(ctx) as client:
+        cluster = client.find_cluster(ref, project=project)
+        if cluster.nodes is None:  # listings may leave counts out; the detail has them
+            cluster = client.get_cluster(cluster.id)
+    emit(output, cluster, _render_one)
+
+
+@app.command("status")
+def cluster_status(
+    ctx: typer.Context,
+    ref: ClusterRef,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Show a cluster's status, health and nodes by state and health."""
+    with config.client_for(ctx) as client:
+        report = client.get_cluster_status(client.find_cluster(ref, project=project).id)
+    emit(output, report, _render_status)
+
+
+@app.command("delete")
+def delete_cluster(
+    ctx: typer.Context,
+    ref: ClusterRef,
+    project: ProjectOpt = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Delete a cluster. The server does it in the background; status goes to deleting."""
+    with config.client_for(ctx) as client:
+        cluster = client.find_cluster(ref, project=project)
+        if not yes:
+            typer.confirm(
+                f"Delete cluster {cluster.name} ({cluster.size} nodes, id {cluster.id})?",
+                abort=True,
+                err=True,
+            )
+        deleted = client.delete_cluster(cluster.id)
+    if output is OutputFormat.JSON:
+        emit(output, deleted, _render_one)
+    else:
+        note(f"cluster {deleted.name} is {deleted.status.value}")

@@ -1,0 +1,68 @@
+"""The ``gpufleet`` command: server, demo and the API commands."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+from typer.core import TyperGroup
+
+from gpufleet.cli import auth, clusters, events, nodes, projects, server, tokens
+from gpufleet.cli.config import ENV_TOKEN, ENV_URL, GlobalOptions
+from gpufleet.cli.errors import CliError, describe
+from gpufleet.cli.output import stderr
+from gpufleet.client.errors import ApiError, ServerUnreachable
+
+
+class _Group(TyperGroup):
+    """Root group: every command runs inside it, so failures are mapped in one place."""
+
+    # ``ctx`` is typer's vendored click Context, which typer does not export by name.
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ApiError, ServerUnreachable, CliError) as exc:
+            message, code = describe(exc)
+            stderr().print(Text(f"error: {message}", style="red"))
+            raise typer.Exit(code) from exc
+
+
+app = typer.Typer(
+    cls=_Group,
+    name="gpufleet",
+    help="gpufleet: a control plane for GPU clusters.",
+    no_args_is_help=True,
+    # Never print local variables on a crash: they include API tokens.
+    pretty_exceptions_show_locals=False,
+)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", envvar=ENV_URL, help="Server URL; overrides the saved login."),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", envvar=ENV_TOKEN, help="API token; overrides the saved login."),
+    ] = None,
+) -> None:
+    ctx.obj = GlobalOptions(url=url, token=token)
+
+
+app.command("login")(auth.login)
+app.add_typer(projects.app, name="projects")
+app.add_typer(tokens.app, name="tokens")
+app.add_typer(clusters.app, name="clusters")
+app.add_typer(nodes.app, name="nodes")
+app.command("events")(events.list_events)
+# Running the server needs the [server] extra; see cli/server.py.
+app.command("server")(server.server)
+app.command("demo")(server.demo)
+
+
+def run() -> None:
+    app()

@@ -1,0 +1,181 @@
+"""``gpufleet nodes``: list and show nodes, with each GPU's latest sample."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from gpufleet.cli import config
+from gpufleet.cli.errors import CliError
+from gpufleet.cli.output import (
+    OutputFormat,
+    OutputOpt,
+    emit,
+    fields,
+    fmt_age,
+    fmt_num,
+    fmt_time,
+    health_text,
+    note,
+    plain,
+    print_table,
+    state_text,
+    table,
+)
+from gpufleet.cli.paging import collect
+from gpufleet.client.api import ApiClient
+from gpufleet.core.enums import Health, NodeState
+from gpufleet.core.ids import is_id
+from gpufleet.core.models import Gpu, Node, Page
+
+app = typer.Typer(help="Nodes and their GPUs.", no_args_is_help=True)
+
+ClusterOpt = Annotated[str | None, typer.Option("--cluster", "-c", help="Cluster id or name.")]
+ProjectOpt = Annotated[
+    str | None, typer.Option("--project", "-p", help="Project to find the cluster name in.")
+]
+
+
+def _render_list(page: Page[Node]) -> None:
+    t = table("NAME", "STATE", "HEALTH", "GPUS", "RACK", "LAST REPORT", "ID", right=("GPUS",))
+    for n in page.items:
+        t.add_row(
+            plain(n.name),
+            state_text(n.state.value),
+            health_text(n.health.value),
+            str(n.expected_gpus),
+            plain(n.rack),
+            fmt_age(n.last_report_at),
+            plain(n.id),
+        )
+    print_table(t)
+    if page.next_cursor:
+        note(f"showing the first {len(page.items)} nodes; raise --limit for more")
+
+
+def _ecc(gpu: Gpu) -> Text:
+    sbe = "-" if gpu.ecc_sbe_volatile is None else str(gpu.ecc_sbe_volatile)
+    dbe = "-" if gpu.ecc_dbe_volatile is None else str(gpu.ecc_dbe_volatile)
+    # Any double-bit error is uncorrectable: make it impossible to miss.
+    return Text(f"{sbe}/{dbe}", style="bold red" if gpu.ecc_dbe_volatile else "")
+
+
+def _mem(gpu: Gpu) -> Text:
+    if gpu.memory_used_mib is None and gpu.memory_total_mib is None:
+        return Text("-", style="dim")
+    used = fmt_num(gpu.memory_used_mib, digits=1, scale=1024).plain
+    total = fmt_num(gpu.memory_total_mib, digits=1, scale=1024).plain
+    return Text(f"{used}/{total}")
+
+
+def _render_gpus(gpus: list[Gpu]) -> None:
+    t = table(
+        "IDX", "UUID", "UTIL %", "MEM GiB", "TEMP °C", "POWER W", "SM MHz", "ECC SBE/DBE",
+        "HEALTH", "SAMPLED",
+        title="GPUs",
+        right=("IDX", "UTIL %", "MEM GiB", "TEMP °C", "POWER W", "SM MHz", "ECC SBE/DBE"),
+    )  # fmt: skip
+    for g in sorted(gpus, key=lambda g: g.index):
+        t.add_row(
+            str(g.index),
+            plain(g.uuid),
+            fmt_num(g.utilization_pct),
+            _mem(g),
+            fmt_num(g.temperature_c),
+            fmt_num(g.power_w),
+            fmt_num(g.sm_clock_mhz),
+            _ecc(g),
+            health_text(g.health.value),
+            fmt_age(g.sampled_at),
+        )
+    print_table(t)
+
+
+def _render_one(n: Node) -> None:
+    rows: list[tuple[str, Text | str]] = [
+        ("name", n.name),
+        ("id", n.id),
+        ("cluster", n.cluster_id),
+        ("state", state_text(n.state.value)),
+        ("health", health_text(n.health.value)),
+        ("hostname", n.hostname or "-"),
+        ("scheduler name", n.scheduler_name or "-"),
+        ("serial", n.serial or "-"),
+        ("provider instance", n.provider_instance_id or "-"),
+        ("rack / leaf / pdu", " / ".join(v or "-" for v in (n.rack, n.leaf_switch, n.pdu))),
+        ("expected gpus", str(n.expected_gpus)),
+        (
+            "last report",
+            Text.assemble(fmt_age(n.last_report_at), f"  ({fmt_time(n.last_report_at)})")
+            if n.last_report_at
+            else fmt_age(None),
+        ),
+        ("created", fmt_time(n.created_at)),
+    ]
+    print_table(fields(rows))
+    if n.gpus:
+        note("")  # a blank line between the two tables
+        _render_gpus(n.gpus)
+    elif n.gpus is not None:
+        note("no GPUs reported yet")
+
+
+def _cluster_id(client: ApiClient, ref: str | None, project: str | None) -> str | None:
+    return None if ref is None else client.find_cluster(ref, project=project).id
+
+
+def find_node(client: ApiClient, ref: str, *, cluster: str | None, project: str | None) -> Node:
+    """A node by id; or by name (or hostname, or scheduler name) within ``--cluster``."""
+    if is_id(ref):
+        return client.get_node(ref)
+    cluster_id = _cluster_id(client, cluster, project)
+    if cluster_id is None:
+        raise CliError(f"{ref!r} is not a node id; pass the id, or the name with --cluster")
+    for node in client.iter_nodes(cluster=cluster_id):
+        if ref in (node.name, node.hostname, node.scheduler_name):
+            return client.get_node(node.id)
+    raise CliError(f"no node named {ref!r} in cluster {cluster!r}")
+
+
+@app.command("list")
+def list_nodes(
+    ctx: typer.Context,
+    cluster: ClusterOpt = None,
+    project: ProjectOpt = None,
+    state: Annotated[
+        NodeState | None, typer.Option(case_sensitive=False, help="Only this state.")
+    ] = None,
+    health: Annotated[
+        Health | None, typer.Option(case_sensitive=False, help="Only this health.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="Show at most N nodes (default: all).")
+    ] = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """List nodes, with state, health and when each last reported."""
+    with config.client_for(ctx) as client:
+        cluster_id = _cluster_id(client, cluster, project)
+        page = collect(
+            lambda cursor, n: client.list_nodes(
+                cluster=cluster_id, state=state, health=health, cursor=cursor, limit=n
+            ),
+            limit=limit,
+        )
+    emit(output, page, _render_list)
+
+
+@app.command("show")
+def show_node(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="Node id, or its name with --cluster.")],
+    cluster: ClusterOpt = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Show a node and the latest sample of each of its GPUs."""
+    with config.client_for(ctx) as client:
+        node = find_node(client, ref, cluster=cluster, project=project)
+    emit(output, node, _render_one)

@@ -1,0 +1,72 @@
+"""``gpufleet server`` and ``gpufleet demo``: thin launchers for the server package.
+
+``gpufleet.server`` is imported inside each command on purpose: it needs the optional
+``[server]`` extra (FastAPI, SQLAlchemy), which a GPU node running only the CLI and the
+agent does not install. The other commands must keep working there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpufleet.cli.errors import CliError
+
+
+def _missing_extra(exc: ImportError) -> CliError:
+    """The [server] extra is absent; anything else (a bug in gpufleet itself) re-raises."""
+    if (exc.name or "").split(".")[0] == "gpufleet":
+        raise exc
+    return CliError(
+        f"the server needs the [server] extra: pip install 'gpufleet[server]' ({exc})",
+        exit_code=1,
+    )
+
+
+def server(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="TCP port (default 8080).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Where the SQLite database and state live.")
+    ] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL; e.g. postgresql://user@host/db.")
+    ] = None,
+) -> None:
+    """Run the gpufleet server. Every setting also reads GPUFLEET_<NAME> from the env."""
+    try:
+        # Optional dependency ([server] extra): imported lazily, see the module docstring.
+        from gpufleet.server import main as server_main
+        from gpufleet.server.settings import ServerSettings
+    except ImportError as exc:
+        raise _missing_extra(exc) from exc
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "host": host,
+            "port": port,
+            "data_dir": data_dir,
+            "database_url": database_url,
+        }.items()
+        if value is not None
+    }
+    server_main.run_server(ServerSettings(**overrides))
+
+
+def demo(
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8080,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Keep the demo's state here (default: <per-user data dir>/demo).")
+    ] = None,
+) -> None:
+    """Run a server with a simulated fleet, ready to click through."""
+    try:
+        # Optional dependency ([server] extra): imported lazily, see the module docstring.
+        from gpufleet.server import main as server_main
+    except ImportError as exc:
+        raise _missing_extra(exc) from exc
+    server_main.run_demo(port=port, data_dir=data_dir)

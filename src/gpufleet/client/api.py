@@ -1,0 +1,393 @@
+"""The typed HTTP client of the gpufleet REST API (``/api/v1``).
+
+Used by the CLI and usable as an SDK. Every method returns ``gpufleet.core.models``
+objects, raises ``ApiError`` with the server's message on a 4xx/5xx, and
+``ServerUnreachable`` (naming the URL) when no response came back at all.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from gpufleet.client.errors import ApiError, ServerUnreachable
+from gpufleet.client.http import raise_for_error
+from gpufleet.core.enums import (
+    ClusterStatus,
+    Health,
+    NodeState,
+    ProviderKind,
+    Role,
+    SchedulerKind,
+)
+from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.core.ids import is_id
+from gpufleet.core.models import (
+    Cluster,
+    CreatedToken,
+    Event,
+    Finding,
+    HealthSummary,
+    Membership,
+    Node,
+    NodeCounts,
+    Page,
+    Project,
+    User,
+)
+
+API = "/api/v1"
+# The server caps a page at 1000 items; iterators ask for full pages to save round trips.
+MAX_PAGE_SIZE = 1000
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Me(BaseModel):
+    """``GET /api/v1/me``: who the token belongs to and the projects they are in."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user: User
+    memberships: list[Membership]
+
+
+class ClusterStatusReport(BaseModel):
+    """``GET /api/v1/clusters/{id}/status``: the cheap status view of one cluster."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    status: ClusterStatus
+    health: Health
+    size: int
+    nodes: NodeCounts
+
+
+def _query(params: Mapping[str, object]) -> dict[str, str | int]:
+    """Drop unset filters and write values the way the server parses query strings."""
+    out: dict[str, str | int] = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, dt.datetime):
+            out[key] = value.isoformat()
+        elif isinstance(value, int):
+            out[key] = value
+        else:
+            out[key] = str(value)
+    return out
+
+
+class ApiClient:
+    """Synchronous client for one gpufleet server.
+
+    ``token`` is an API token (``Authorization: Bearer``); ``None`` only reaches the
+    unauthenticated endpoints (``health``, ``ready``). Pass ``transport`` in tests
+    (e.g. ``httpx.MockTransport``) or to route through an ASGI app.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str | None,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Accept": "application/json", "User-Agent": "gpufleet-client"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    # -- plumbing -------------------------------------------------------------------
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        body: Mapping[str, Any] | None = None,
+    ) -> httpx.Response:
+        try:
+            return self._http.request(method, path, params=_query(params or {}), json=body)
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(
+                f"cannot reach the gpufleet server at {self.base_url}: {exc}"
+            ) from exc
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        body: Mapping[str, Any] | None = None,
+    ) -> Any:
+        response = self._send(method, path, params=params, body=body)
+        raise_for_error(response)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise ApiError(
+                response.status_code,
+                "bad_response",
+                f"{method} {path} returned a body that is not JSON: {response.text[:200]!r}",
+            ) from exc
+
+    def _get(self, model: type[M], path: str, params: Mapping[str, object]) -> M:
+        return model.model_validate(self._call("GET", path, params=params))
+
+    # -- service --------------------------------------------------------------------
+    def health(self) -> str:
+        """``GET /healthz``: the process is up. Returns the status string (``ok``)."""
+        return str(self._call("GET", "/healthz").get("status", ""))
+
+    def ready(self) -> bool:
+        """``GET /readyz``: True when the server can serve (database reachable)."""
+        response = self._send("GET", "/readyz")
+        if response.status_code == httpx.codes.SERVICE_UNAVAILABLE:
+            return False
+        raise_for_error(response)
+        return True
+
+    def me(self) -> Me:
+        return Me.model_validate(self._call("GET", f"{API}/me"))
+
+    # -- projects and tokens --------------------------------------------------------
+    def list_projects(
+        self, *, cursor: str | None = None, limit: int | None = None
+    ) -> Page[Project]:
+        return self._get(Page[Project], f"{API}/projects", {"cursor": cursor, "limit": limit})
+
+    def create_project(self, name: str, *, description: str = "") -> Project:
+        body = {"name": name, "description": description}
+        return Project.model_validate(self._call("POST", f"{API}/projects", body=body))
+
+    def get_project(self, ref: str) -> Project:
+        """Get a project by id or by name."""
+        return Project.model_validate(self._call("GET", f"{API}/projects/{ref}"))
+
+    def create_token(
+        self,
+        *,
+        name: str,
+        project: str | None = None,
+        role: Role | None = None,
+        expires_in_days: int | None = None,
+    ) -> CreatedToken:
+        """Create a personal API token; the secret is in the result and never again."""
+        body = {
+            "name": name,
+            "project": project,
+            "role": role.value if role else None,
+            "expires_in_days": expires_in_days,
+        }
+        return CreatedToken.model_validate(self._call("POST", f"{API}/tokens", body=body))
+
+    # -- clusters -------------------------------------------------------------------
+    def list_clusters(
+        self,
+        *,
+        project: str | None = None,
+        name: str | None = None,
+        status: ClusterStatus | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Cluster]:
+        params = {
+            "project": project,
+            "name": name,
+            "status": status,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return self._get(Page[Cluster], f"{API}/clusters", params)
+
+    def create_cluster(
+        self,
+        *,
+        project: str,
+        name: str,
+        size: int,
+        scheduler: SchedulerKind = SchedulerKind.SIM,
+        provider: ProviderKind = ProviderKind.SIM,
+        gpu_model: str = DEFAULT_GPU_MODEL,
+        gpus_per_node: int = 8,
+        acceptance_tests: bool = True,
+        startup_scripts: list[str] | None = None,
+        autoscale_min: int | None = None,
+        autoscale_max: int | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Cluster:
+        body = {
+            "project": project,
+            "name": name,
+            "scheduler": scheduler.value,
+            "provider": provider.value,
+            "gpu_model": gpu_model,
+            "gpus_per_node": gpus_per_node,
+            "size": size,
+            "acceptance_tests": acceptance_tests,
+            "startup_scripts": list(startup_scripts or []),
+            "autoscale_min": autoscale_min,
+            "autoscale_max": autoscale_max,
+            "labels": dict(labels or {}),
+        }
+        return Cluster.model_validate(self._call("POST", f"{API}/clusters", body=body))
+
+    def get_cluster(self, cluster_id: str) -> Cluster:
+        """Get one cluster by id, with its node counts."""
+        return Cluster.model_validate(self._call("GET", f"{API}/clusters/{cluster_id}"))
+
+    def get_cluster_status(self, cluster_id: str) -> ClusterStatusReport:
+        data = self._call("GET", f"{API}/clusters/{cluster_id}/status")
+        return ClusterStatusReport.model_validate(data)
+
+    def delete_cluster(self, cluster_id: str) -> Cluster:
+        """Ask for a cluster's deletion; returns it in status ``deleting``."""
+        return Cluster.model_validate(self._call("DELETE", f"{API}/clusters/{cluster_id}"))
+
+    def find_cluster(self, ref: str, *, project: str | None = None) -> Cluster:
+        """Find a cluster by id, or by a name that is unique among the caller's projects.
+
+        Raises ``ApiError`` (404 ``not_found``) when no cluster has that name, and
+        (409 ``ambiguous``) when several do; ``project`` narrows the search.
+        """
+        if is_id(ref):
+            return self.get_cluster(ref)
+        matches = self.list_clusters(project=project, name=ref, limit=MAX_PAGE_SIZE).items
+        where = f" in project {project!r}" if project else ""
+        if not matches:
+            raise ApiError(404, "not_found", f"no cluster named {ref!r}{where}")
+        if len(matches) > 1:
+            raise ApiError(
+                409,
+                "ambiguous",
+                f"{len(matches)} clusters are named {ref!r}{where}; "
+                "pass the cluster id, or the project to search in",
+            )
+        return matches[0]
+
+    # -- nodes ----------------------------------------------------------------------
+    def list_nodes(
+        self,
+        *,
+        cluster: str | None = None,
+        state: NodeState | None = None,
+        health: Health | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Node]:
+        params = {
+            "cluster": cluster,
+            "state": state,
+            "health": health,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return self._get(Page[Node], f"{API}/nodes", params)
+
+    def iter_nodes(
+        self,
+        *,
+        cluster: str | None = None,
+        state: NodeState | None = None,
+        health: Health | None = None,
+        page_size: int = MAX_PAGE_SIZE,
+    ) -> Iterator[Node]:
+        """Yield every matching node, following ``next_cursor`` page by page."""
+        cursor: str | None = None
+        while True:
+            page = self.list_nodes(
+                cluster=cluster, state=state, health=health, cursor=cursor, limit=page_size
+            )
+            yield from page.items
+            if page.next_cursor is None or not page.items:
+                return
+            cursor = page.next_cursor
+
+    def get_node(self, node_id: str) -> Node:
+        """Get one node by id, with its GPUs and their latest sample."""
+        return Node.model_validate(self._call("GET", f"{API}/nodes/{node_id}"))
+
+    # -- events, findings, health ---------------------------------------------------
+    def list_events(
+        self,
+        *,
+        project: str | None = None,
+        cluster: str | None = None,
+        node: str | None = None,
+        kind: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Event]:
+        """Events, newest first."""
+        params = {
+            "project": project,
+            "cluster": cluster,
+            "node": node,
+            "kind": kind,
+            "since": since,
+            "until": until,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return self._get(Page[Event], f"{API}/events", params)
+
+    def list_findings(
+        self,
+        *,
+        cluster: str | None = None,
+        node: str | None = None,
+        gpu: str | None = None,
+        signature: str | None = None,
+        open: bool | None = None,  # the API's own parameter name
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Finding]:
+        params = {
+            "cluster": cluster,
+            "node": node,
+            "gpu": gpu,
+            "signature": signature,
+            "open": open,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return self._get(Page[Finding], f"{API}/findings", params)
+
+    def health_summary(self, *, cluster: str | None = None) -> HealthSummary:
+        data = self._call("GET", f"{API}/health/summary", params={"cluster": cluster})
+        return HealthSummary.model_validate(data)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+__all__ = ["ApiClient", "ApiError", "ClusterStatusReport", "Me", "ServerUnreachable"]

@@ -1,0 +1,107 @@
+"""`gpufleet demo` as a newcomer runs it: one command, a fleet reporting within 30 s."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpufleet.testing.processes import RUN_CLI, ServerProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _printed(proc: ServerProcess, name: str, *, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(rf"^{name}=(\S+)$", proc.output(), re.MULTILINE)
+        if match:
+            return match.group(1)
+        time.sleep(0.1)
+    raise AssertionError(f"{name} not printed within {timeout_s} s:\n{proc.output()}")
+
+
+def _cli(*args: str, url: str, token: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPUFLEET_URL": url, "GPUFLEET_TOKEN": token}
+    return subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) -> None:
+    port = free_port()
+    data_dir = tmp_path / "demo"
+    proc = ServerProcess(
+        args=["demo", "--port", str(port), "--data-dir", str(data_dir)],
+        env={"GPUFLEET_DATABASE_URL": ""},
+        log_path=tmp_path / "demo.log",
+    )
+    started = time.monotonic()
+    proc.start()
+    try:
+        url = _printed(proc, "GPUFLEET_URL")
+        token = _printed(proc, "GPUFLEET_TOKEN")
+        assert url == f"http://127.0.0.1:{port}"
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+        def fresh_gpus() -> int:
+            nodes = api.get("/api/v1/nodes", params={"gpus": "true", "limit": 100}).json()["items"]
+            now = dt.datetime.now(dt.UTC)
+            return sum(
+                1
+                for n in nodes
+                for g in n["gpus"] or []
+                if g["sampled_at"]
+                and now - dt.datetime.fromisoformat(g["sampled_at"]) < dt.timedelta(seconds=30)
+            )
+
+        while fresh_gpus() < 128:
+            assert time.monotonic() - started < 30, f"only {fresh_gpus()} fresh GPUs after 30 s"
+            time.sleep(0.5)
+
+        clusters = api.get("/api/v1/clusters").json()["items"]
+        assert [c["name"] for c in clusters] == ["demo"]
+        demo = clusters[0]
+        assert demo["size"] == 16 and demo["gpus_per_node"] == 8
+        assert demo["nodes"]["total"] == 16 and demo["nodes"]["gpus"] == 128
+
+        listed = _cli("nodes", "list", url=url, token=token)
+        assert listed.returncode == 0, listed.stderr
+        for i in range(16):
+            assert f"demo-{i:03d}" in listed.stdout
+        as_json = _cli("nodes", "list", "--output", "json", url=url, token=token)
+        assert len(json.loads(as_json.stdout)["items"]) == 16
+        node_ids = sorted(n["id"] for n in json.loads(as_json.stdout)["items"])
+    finally:
+        proc.stop()
+
+    # Second start on the same data dir: same fleet, same token.
+    again = ServerProcess(
+        args=["demo", "--port", str(port), "--data-dir", str(data_dir)],
+        env={"GPUFLEET_DATABASE_URL": ""},
+        log_path=tmp_path / "demo2.log",
+    )
+    again.start()
+    try:
+        assert _printed(again, "GPUFLEET_TOKEN") == token
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        again.wait_ready(url)
+        clusters = api.get("/api/v1/clusters").json()["items"]
+        assert [c["id"] for c in clusters] == [demo["id"]]
+        nodes = api.get("/api/v1/nodes", params={"limit": 100}).json()["items"]
+        assert sorted(n["id"] for n in nodes) == node_ids
+    finally:
+        again.stop()
