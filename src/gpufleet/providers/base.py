@@ -68,7 +68,8 @@ class Provider(Protocol):
         ...
 
     async def get_instance(self, instance_id: str) -> Instance | None:
-        """The instance's current state, or None if the provider has no such instance."""
+        """The instance's current state (TERMINATED once given back, for as long as the
+        provider remembers it), or None if the provider has no such instance."""
         ...
 
     async def list_instances(self, cluster_id: str) -> list[Instance]:

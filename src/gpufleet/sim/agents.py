@@ -1,0 +1,259 @@
+"""``SimFleetRunner``: one simulated node agent per running sim instance, in one process.
+
+Each agent speaks the real agent protocol over HTTP, through the same ``AgentClient`` as
+the real agent, so the server cannot tell them apart. A supervising loop moves the world's
+workload and starts or stops agents as instances boot, reboot and go away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import httpx
+
+from gpufleet.client.agent import AgentClient
+from gpufleet.client.errors import ApiError, ServerUnreachable
+from gpufleet.core.agent_protocol import GpuSample, NodeIdentity, NodeReport, ReportBatch
+from gpufleet.core.clock import Clock
+from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance, SimInstanceState
+from gpufleet.sim.telemetry import (
+    GpuTelemetry,
+    gpu_model_or_default,
+    initial_telemetry,
+    next_telemetry,
+)
+from gpufleet.sim.world import SimWorld
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "sim-0.1.0"
+AgentKey = tuple[str, int]  # (instance id, boot id): a reboot is a new agent process
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStats:
+    agents: int  # agents running now
+    batches_sent: int  # batches the server accepted
+    reports_sent: int  # reports in those batches
+    duplicates: int  # reports the server said it already had
+    errors: int  # failed sends (unreachable, 5xx, 4xx) and agent crashes
+    unauthorized: int  # 401s (a rotated or revoked node token)
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.batches = 0
+        self.reports = 0
+        self.duplicates = 0
+        self.errors = 0
+        self.unauthorized = 0
+
+
+class SimFleetRunner:
+    """Runs the simulated agents of every running sim instance that has a node token."""
+
+    def __init__(
+        self,
+        world: SimWorld,
+        *,
+        http: httpx.AsyncClient | None = None,
+        report_interval_s: float = 10.0,
+        supervise_interval_s: float = 1.0,
+        max_unsent_reports: int = 60,
+        seed: int | None = None,
+    ) -> None:
+        self._world = world
+        self._http = http
+        self._own_http = False
+        self._interval_s = report_interval_s
+        self._supervise_s = supervise_interval_s
+        self._max_unsent = max_unsent_reports
+        self._rng = random.Random(seed)
+        self._tasks: dict[AgentKey, asyncio.Task[None]] = {}
+        self._busy: frozenset[str] = frozenset()
+        self._counters = _Counters()
+
+    def stats(self) -> FleetStats:
+        """Counters since this runner started."""
+        c = self._counters
+        return FleetStats(
+            agents=sum(1 for t in self._tasks.values() if not t.done()),
+            batches_sent=c.batches,
+            reports_sent=c.reports,
+            duplicates=c.duplicates,
+            errors=c.errors,
+            unauthorized=c.unauthorized,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Supervise until ``stop`` is set, then stop every agent."""
+        try:
+            while not stop.is_set():
+                try:
+                    await self.run_once()
+                except Exception:
+                    log.exception("sim fleet: supervising pass failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self._supervise_s)
+        finally:
+            await self.aclose()
+
+    async def run_once(self) -> None:
+        """One supervising pass: move the workload, start and stop agents."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_connections=64))
+            self._own_http = True
+        # In a thread: advance may rewrite the state file, which must not stall the loop.
+        await asyncio.to_thread(self._world.advance)
+        # One snapshot per pass, so agents never take the world's lock per report.
+        self._busy = self._world.busy_instance_ids()
+        wanted = {
+            (i.instance_id, i.boot_id): i
+            for i in self._world.list_instances()
+            if i.state is SimInstanceState.RUNNING
+            and USER_DATA_URL in i.user_data
+            and USER_DATA_TOKEN in i.user_data
+        }
+        for key, task in list(self._tasks.items()):
+            if key not in wanted or task.done():
+                if not task.done():
+                    task.cancel()
+                del self._tasks[key]
+        for key, instance in wanted.items():
+            if key not in self._tasks:
+                self._tasks[key] = asyncio.create_task(
+                    self._agent(instance), name=f"sim-agent-{instance.node_name}"
+                )
+
+    async def aclose(self) -> None:
+        """Stop every agent and close the HTTP client if this runner made it."""
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._own_http and self._http is not None:
+            await self._http.aclose()
+            self._http = None
+            self._own_http = False
+
+    async def _agent(self, instance: SimInstance) -> None:
+        assert self._http is not None
+        interval = self._interval_s
+        # Staggered start: 2,000 agents booted together must not report in one burst.
+        await asyncio.sleep(self._rng.uniform(0.0, interval))
+        agent = _SimAgent(
+            instance, clock=self._world.clock, rng=random.Random(self._rng.getrandbits(64))
+        )
+        url = instance.user_data[USER_DATA_URL]
+        client = AgentClient(
+            base_url=url, node_token=instance.user_data[USER_DATA_TOKEN], http=self._http
+        )
+        unsent: deque[NodeReport] = deque(maxlen=self._max_unsent)
+        identity: NodeIdentity | None = agent.identity()
+        while True:
+            try:
+                unsent.append(agent.sample(busy=instance.instance_id in self._busy))
+                batch = ReportBatch(identity=identity, reports=list(unsent))
+                ack = await client.send_reports(batch)
+            except asyncio.CancelledError:
+                raise
+            except ServerUnreachable as exc:
+                self._counters.errors += 1
+                log.debug("sim agent %s: server unreachable: %s", instance.node_name, exc)
+            except ApiError as exc:
+                self._counters.errors += 1
+                if exc.status == 401:
+                    self._counters.unauthorized += 1
+                    # The control plane may have rotated the token into user_data.
+                    fresh = self._world.get_instance(instance.instance_id)
+                    if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
+                        url = fresh.user_data.get(USER_DATA_URL, url)
+                        client = AgentClient(
+                            base_url=url,
+                            node_token=fresh.user_data[USER_DATA_TOKEN],
+                            http=self._http,
+                        )
+                elif exc.status < 500:
+                    # The server will never take these reports: resending only repeats it.
+                    log.warning("sim agent %s: reports refused: %s", instance.node_name, exc)
+                    unsent.clear()
+            except Exception:
+                self._counters.errors += 1
+                log.exception("sim agent %s: report failed", instance.node_name)
+            else:
+                c = self._counters
+                c.batches += 1
+                c.reports += len(batch.reports)
+                c.duplicates += ack.duplicates
+                unsent.clear()
+                identity = None
+                interval = ack.report_interval_s if ack.report_interval_s > 0 else interval
+            await asyncio.sleep(interval)
+
+
+class _SimAgent:
+    """The per-node part of an agent: identity, sequence numbers and GPU telemetry."""
+
+    def __init__(self, instance: SimInstance, *, clock: Clock, rng: random.Random) -> None:
+        self._instance = instance
+        self._clock = clock
+        self._rng = rng
+        self._model = gpu_model_or_default(instance.gpu_model)
+        self._gpus: list[GpuTelemetry] = [
+            initial_telemetry(self._model, rng=rng) for _ in instance.gpus
+        ]
+        self._last_seq = 0
+        self._last_sample_s: float | None = None
+
+    def identity(self) -> NodeIdentity:
+        return NodeIdentity(
+            hostname=self._instance.hostname,
+            serial=self._instance.serial,
+            agent_version=AGENT_VERSION,
+        )
+
+    def _next_seq(self) -> int:
+        # Wall-clock microseconds keep seq growing across restarts of this process,
+        # which holds no state; the bump keeps it strictly growing within one.
+        seq = max(time.time_ns() // 1000, self._last_seq + 1)
+        self._last_seq = seq
+        return seq
+
+    def sample(self, *, busy: bool) -> NodeReport:
+        now_s = time.monotonic()
+        elapsed = 10.0 if self._last_sample_s is None else now_s - self._last_sample_s
+        self._last_sample_s = now_s
+        self._gpus = [
+            next_telemetry(g, model=self._model, busy=busy, elapsed_s=elapsed, rng=self._rng)
+            for g in self._gpus
+        ]
+        return NodeReport(
+            seq=self._next_seq(),
+            sampled_at=self._clock.now(),
+            gpus=[
+                GpuSample(
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    serial=gpu.serial,
+                    model=self._model.name,
+                    utilization_pct=t.utilization_pct,
+                    memory_used_mib=t.memory_used_mib,
+                    memory_total_mib=t.memory_total_mib,
+                    temperature_c=t.temperature_c,
+                    power_w=t.power_w,
+                    sm_clock_mhz=t.sm_clock_mhz,
+                    ecc_sbe_volatile=t.ecc_sbe_volatile,
+                    ecc_dbe_volatile=t.ecc_dbe_volatile,
+                    ecc_sbe_aggregate=t.ecc_sbe_aggregate,
+                    ecc_dbe_aggregate=t.ecc_dbe_aggregate,
+                )
+                for gpu, t in zip(self._instance.gpus, self._gpus, strict=True)
+            ],
+        )

@@ -1,0 +1,277 @@
+"""The simulated workload manager: node flags, a job queue, running jobs, accounting.
+
+Not thread-safe on its own: ``SimWorld`` holds its lock around every call. Jobs take whole
+nodes (like an exclusive Slurm partition), so a node is either idle or busy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.sim.records import JobRecord, NodeFlags
+
+NodeKey = tuple[str, str]  # (cluster_id, node_name)
+
+USERS = ("alice", "bob", "carol", "dave", "erin", "frank")
+ACCOUNTS = ("llm-pretrain", "llm-finetune", "vision", "speech", "rl-research")
+JOB_NAMES = ("pretrain", "sft", "eval", "dpo", "vit-train", "asr-train", "sweep")
+NODE_FAIL = "NODE_FAIL"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    """How busy the simulated users keep a cluster."""
+
+    busy_share: tuple[float, float] = (0.6, 0.8)  # share of schedulable nodes kept busy
+    job_minutes: tuple[float, float] = (5.0, 60.0)
+    max_job_nodes: int = 4
+    failed_job_share: float = 0.05  # jobs that end with a non-zero exit code
+    time_scale: float = 1.0  # multiplies job durations; <1 makes the demo churn faster
+    accounting_limit: int = 10_000
+
+
+class Workload:
+    def __init__(self, config: WorkloadConfig) -> None:
+        self.config = config
+        self.flags: dict[NodeKey, NodeFlags] = {}
+        self.running: dict[str, JobRecord] = {}
+        self.queued: list[JobRecord] = []
+        self.accounting: deque[JobRecord] = deque(maxlen=config.accounting_limit)
+        self.busy: dict[NodeKey, str] = {}
+        self.targets: dict[str, float] = {}
+        self.next_job_id = 1000
+        # Records changed since the owner last saved, as journal entries (see store.py).
+        self.changes: list[dict[str, Any]] = []
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def new_job(
+        self,
+        *,
+        cluster_id: str,
+        node_count: int,
+        gpus_per_node: int,
+        duration_s: float,
+        now: dt.datetime,
+        rng: random.Random,
+    ) -> JobRecord:
+        self.next_job_id += 1
+        return JobRecord(
+            job_id=str(self.next_job_id),
+            name=rng.choice(JOB_NAMES),
+            user=rng.choice(USERS),
+            account=rng.choice(ACCOUNTS),
+            cluster_id=cluster_id,
+            node_count=node_count,
+            gpus_per_node=gpus_per_node,
+            submitted_at=now,
+            duration_s=duration_s,
+        )
+
+    def start(self, job: JobRecord, nodes: list[str], now: dt.datetime) -> None:
+        job.state = "RUNNING"
+        job.nodes = nodes
+        job.started_at = now
+        job.end_at = now + dt.timedelta(seconds=job.duration_s)
+        self.running[job.job_id] = job
+        for name in nodes:
+            self.busy[(job.cluster_id, name)] = job.job_id
+        self.changes.append({"r": job.to_json()})
+
+    def end(self, job: JobRecord, *, state: str, exit_code: int, at: dt.datetime) -> None:
+        self.running.pop(job.job_id, None)
+        for name in job.nodes:
+            if self.busy.get((job.cluster_id, name)) == job.job_id:
+                del self.busy[(job.cluster_id, name)]
+        job.state = state
+        job.exit_code = exit_code
+        job.ended_at = at
+        self.accounting.append(job)
+        self.changes.append({"e": job.to_json()})
+
+    def kill_on(self, key: NodeKey, now: dt.datetime) -> bool:
+        """End the job on ``key`` (all of its nodes) as NODE_FAIL; True if there was one."""
+        job_id = self.busy.get(key)
+        if job_id is None:
+            return False
+        job = self.running.get(job_id)
+        if job is None:
+            del self.busy[key]
+            return True
+        self.end(job, state=NODE_FAIL, exit_code=1, at=now)
+        return True
+
+    def step(
+        self,
+        *,
+        now: dt.datetime,
+        rng: random.Random,
+        schedulable: Mapping[str, list[tuple[str, int]]],
+        alive: set[NodeKey],
+    ) -> bool:
+        """Move the workload to ``now``; True when anything changed.
+
+        ``schedulable``: per cluster, the (node name, gpus) that run and are neither
+        drained nor down. ``alive``: every node whose machine runs. Jobs on a node that
+        stopped running die with it.
+        """
+        changed = False
+        finished = sorted(
+            (j for j in self.running.values() if j.end_at is not None and j.end_at <= now),
+            key=lambda j: (j.end_at, j.job_id),
+        )
+        for job in finished:
+            failed = rng.random() < self.config.failed_job_share
+            assert job.end_at is not None
+            self.end(
+                job,
+                state="FAILED" if failed else "COMPLETED",
+                exit_code=1 if failed else 0,
+                at=job.end_at,
+            )
+            changed = True
+        for key in [k for k in self.busy if k not in alive]:
+            changed = self.kill_on(key, now) or changed
+        for cluster_id, nodes in schedulable.items():
+            # Idle only after the jobs above ended, so freed nodes get work at once.
+            free = [n for n in nodes if (cluster_id, n[0]) not in self.busy]
+            changed = self._start_queued(cluster_id, free, now) or changed
+            changed = (
+                self._generate(cluster_id, free, now=now, rng=rng, schedulable=len(nodes))
+                or changed
+            )
+        return changed
+
+    def _start_queued(self, cluster_id: str, free: list[tuple[str, int]], now: dt.datetime) -> bool:
+        changed = False
+        for job in [j for j in self.queued if j.cluster_id == cluster_id]:
+            if len(free) < job.node_count:
+                continue  # backfill: a smaller job further back may still fit
+            taken, free[:] = free[: job.node_count], free[job.node_count :]
+            job.gpus_per_node = min(g for _, g in taken)
+            self.queued.remove(job)
+            self.changes.append(self.queue_change())
+            self.start(job, [n for n, _ in taken], now)
+            changed = True
+        return changed
+
+    def _generate(
+        self,
+        cluster_id: str,
+        free: list[tuple[str, int]],
+        *,
+        now: dt.datetime,
+        rng: random.Random,
+        schedulable: int,
+    ) -> bool:
+        if cluster_id not in self.targets:
+            self.targets[cluster_id] = rng.uniform(*self.config.busy_share)
+        busy = schedulable - len(free)
+        want = round(self.targets[cluster_id] * schedulable) - busy
+        changed = False
+        while want > 0 and free:
+            size = min(rng.randint(1, self.config.max_job_nodes), want, len(free))
+            taken, free[:] = free[:size], free[size:]
+            minutes = rng.uniform(*self.config.job_minutes)
+            job = self.new_job(
+                cluster_id=cluster_id,
+                node_count=size,
+                gpus_per_node=min(g for _, g in taken),
+                duration_s=minutes * 60.0 * self.config.time_scale,
+                now=now,
+                rng=rng,
+            )
+            self.start(job, [n for n, _ in taken], now)
+            want -= size
+            changed = True
+        return changed
+
+    def jobs_on(self, key: NodeKey) -> list[JobRecord]:
+        job_id = self.busy.get(key)
+        job = self.running.get(job_id) if job_id is not None else None
+        return [] if job is None else [job]
+
+    def ended_since(self, since: dt.datetime, cluster_ids: Iterable[str] | None) -> list[JobRecord]:
+        wanted = None if cluster_ids is None else set(cluster_ids)
+        jobs = [
+            j
+            for j in self.accounting
+            if j.ended_at is not None
+            and j.ended_at >= since
+            and (wanted is None or j.cluster_id in wanted)
+        ]
+        return sorted(jobs, key=lambda j: (j.ended_at, j.job_id))
+
+    def set_flags(self, key: NodeKey, flags: NodeFlags | None) -> None:
+        if flags is None:
+            self.flags.pop(key, None)
+        else:
+            self.flags[key] = flags
+        self.changes.append({"f": self._flags_json(key, flags)})
+
+    def queue(self, job: JobRecord) -> None:
+        self.queued.append(job)
+        self.changes.append(self.queue_change())
+
+    # -- persistence ------------------------------------------------------------------
+
+    def queue_change(self) -> dict[str, Any]:
+        return {"q": [j.to_json() for j in self.queued]}
+
+    @staticmethod
+    def _flags_json(key: NodeKey, flags: NodeFlags | None) -> list[Any]:
+        if flags is None:
+            return [key[0], key[1]]
+        return [key[0], key[1], flags.drained, flags.down, flags.reason]
+
+    def apply_change(self, change: dict[str, Any]) -> None:
+        """Replay one journal entry written by this class (see ``changes``)."""
+        if "r" in change:
+            job = JobRecord.from_json(change["r"])
+            self.running[job.job_id] = job
+        elif "e" in change:
+            job = JobRecord.from_json(change["e"])
+            self.running.pop(job.job_id, None)
+            self.queued = [j for j in self.queued if j.job_id != job.job_id]
+            self.accounting.append(job)
+        elif "q" in change:
+            self.queued = [JobRecord.from_json(item) for item in change["q"]]
+        elif "f" in change:
+            cid, name, *rest = change["f"]
+            if rest:
+                drained, down, reason = rest
+                self.flags[(str(cid), str(name))] = NodeFlags(bool(drained), bool(down), reason)
+            else:
+                self.flags.pop((str(cid), str(name)), None)
+
+    def rebuild_busy(self) -> None:
+        self.busy = {(j.cluster_id, n): j.job_id for j in self.running.values() for n in j.nodes}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "flags": [self._flags_json(key, f) for key, f in self.flags.items()],
+            "running": [j.to_json() for j in self.running.values()],
+            "queued": [j.to_json() for j in self.queued],
+            "accounting": [j.to_json() for j in self.accounting],
+        }
+
+    def load_json(self, raw: dict[str, Any]) -> None:
+        self.flags = {
+            (str(cid), str(name)): NodeFlags(bool(d), bool(dn), None if r is None else str(r))
+            for cid, name, d, dn, r in raw["flags"]
+        }
+        self.running = {}
+        for item in raw["running"]:
+            job = JobRecord.from_json(item)
+            self.running[job.job_id] = job
+        self.rebuild_busy()
+        self.queued = [JobRecord.from_json(item) for item in raw["queued"]]
+        self.accounting = deque(
+            (JobRecord.from_json(item) for item in raw["accounting"]),
+            maxlen=self.config.accounting_limit,
+        )

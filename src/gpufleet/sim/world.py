@@ -1,0 +1,490 @@
+"""``SimWorld``: the simulated cloud, its machines and their workload manager, in one file.
+
+The sim provider and sim scheduler drivers are two views of one world, so a reboot through
+the provider kills the jobs the scheduler shows, as on real hardware. Every mutation is
+saved atomically before the call returns, so a control plane killed with SIGKILL finds the
+world as it left it. Methods are synchronous and short, safe from threads and asyncio.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
+from gpufleet.core.clock import Clock, SystemClock
+from gpufleet.core.errors import DriverError
+from gpufleet.core.gpu_models import GPU_MODELS
+from gpufleet.sim.models import (
+    BootPlan,
+    SimGpu,
+    SimInstance,
+    SimInstanceSpec,
+    SimInstanceState,
+    SimJob,
+    SimNodeStatus,
+)
+from gpufleet.sim.records import InstanceRecord, NodeFlags
+from gpufleet.sim.store import WorldStore
+from gpufleet.sim.workload import NodeKey, Workload, WorkloadConfig
+
+RUNNING = SimInstanceState.RUNNING
+
+
+class SimWorld:
+    """The simulator's whole state. ``path=None`` keeps it in memory only (benchmarks)."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        clock: Clock | None = None,
+        seed: int | None = None,
+        workload: WorkloadConfig | None = None,
+    ) -> None:
+        self._store = WorldStore(path) if path is not None else None
+        self._clock = clock or SystemClock()
+        self._seed = seed
+        self._restarts = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.RLock()
+        self._instances: dict[str, InstanceRecord] = {}
+        self._by_token: dict[str, str] = {}
+        self._live: dict[str, dict[str, str]] = {}  # node name -> cluster id -> instance id
+        self._next_slot = 0
+        self._scheduler_available = True
+        self._workload = Workload(workload or WorkloadConfig())
+        self._changes: list[dict[str, Any]] = []
+        if self._store is not None:
+            self._open(self._store)
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    # -- instances --------------------------------------------------------------------
+
+    def provision(
+        self, spec: SimInstanceSpec, *, plan: BootPlan, max_instances: int | None = None
+    ) -> SimInstance:
+        """Boot a machine, or return the one this ``client_token`` already made.
+
+        A repeated token refreshes user_data (e.g. a rotated node token). Raises
+        ``DriverError`` for an unknown GPU model, a bad GPU count or no capacity left.
+        """
+        with self._lock:
+            now = self._clock.now()
+            existing = self._by_token.get(spec.client_token)
+            if existing is not None:
+                record = self._instances[existing]
+                record.user_data = dict(spec.user_data)
+                self._touch(record)
+                self._save()
+                return record.snapshot(now)
+            self._check_spec(spec)
+            if max_instances is not None:
+                live = sum(1 for r in self._instances.values() if r.terminated_at is None)
+                if live >= max_instances:
+                    raise DriverError(
+                        f"sim: no capacity for node {spec.node_name} "
+                        f"({live} of {max_instances} instances in use)"
+                    )
+            record = self._create(spec, plan=plan, now=now)
+            self._save()
+            return record.snapshot(now)
+
+    def get_instance(self, instance_id: str) -> SimInstance | None:
+        """The instance (terminated ones included), or None if it never existed."""
+        with self._lock:
+            record = self._instances.get(instance_id)
+            return None if record is None else record.snapshot(self._clock.now())
+
+    def list_instances(
+        self, *, cluster_id: str | None = None, include_terminated: bool = False
+    ) -> list[SimInstance]:
+        """Instances in creation order, optionally of one cluster."""
+        with self._lock:
+            now = self._clock.now()
+            return [
+                r.snapshot(now)
+                for r in self._instances.values()
+                if (cluster_id is None or r.cluster_id == cluster_id)
+                and (include_terminated or r.terminated_at is None)
+            ]
+
+    def terminate(self, instance_id: str) -> None:
+        """Give a machine back; its jobs die. Missing or terminated: nothing to do."""
+        with self._lock:
+            record = self._instances.get(instance_id)
+            if record is None or record.terminated_at is not None:
+                return
+            now = self._clock.now()
+            self._workload.kill_on((record.cluster_id, record.node_name), now)
+            record.terminated_at = now
+            self._unindex_live(record)
+            self._touch(record)
+            self._save()
+
+    def reboot(self, instance_id: str, *, plan: BootPlan) -> SimInstance:
+        """Restart the machine: pending for a boot delay, then running. Jobs die."""
+        with self._lock:
+            record = self._require_live(instance_id, action="reboot")
+            self._restart(record, plan=plan, redraw_failure=False)
+            self._save()
+            return record.snapshot(self._clock.now())
+
+    def reprovision(
+        self, instance_id: str, *, user_data: dict[str, str], plan: BootPlan
+    ) -> SimInstance:
+        """Reinstall the same machine and boot it with new user_data. Jobs die."""
+        with self._lock:
+            record = self._require_live(instance_id, action="reprovision")
+            record.user_data = dict(user_data)
+            self._restart(record, plan=plan, redraw_failure=True)
+            self._save()
+            return record.snapshot(self._clock.now())
+
+    def replace(self, instance_id: str, *, spec: SimInstanceSpec, plan: BootPlan) -> SimInstance:
+        """Terminate ``instance_id`` and boot a new host (new serial, GPUs and slot).
+
+        Idempotent by ``spec.client_token``: a second call returns the first replacement.
+        """
+        with self._lock:
+            if instance_id not in self._instances:
+                raise DriverError(f"sim: cannot replace {instance_id}: no such instance")
+            self.terminate(instance_id)
+            return self.provision(spec, plan=plan)
+
+    # -- the workload manager ---------------------------------------------------------
+
+    def advance(self, now: dt.datetime | None = None) -> None:
+        """Move the workload to ``now``: end finished jobs, start new ones on idle nodes."""
+        with self._lock:
+            now = now or self._clock.now()
+            schedulable: dict[str, list[tuple[str, int]]] = {}
+            alive: set[NodeKey] = set()
+            for record in self._instances.values():
+                if record.terminated_at is not None or record.state_at(now) is not RUNNING:
+                    continue
+                key = (record.cluster_id, record.node_name)
+                alive.add(key)
+                flags = self._workload.flags.get(key)
+                if flags is not None and (flags.drained or flags.down):
+                    continue
+                schedulable.setdefault(record.cluster_id, []).append(
+                    (record.node_name, record.gpu_count)
+                )
+            if self._workload.step(now=now, rng=self._rng, schedulable=schedulable, alive=alive):
+                self._save()
+
+    def node_statuses(self, *, cluster_id: str | None = None) -> list[SimNodeStatus]:
+        """Every node with a machine that is not terminated, optionally of one cluster."""
+        with self._lock:
+            now = self._clock.now()
+            return [
+                self._status(r, now)
+                for r in self._instances.values()
+                if r.terminated_at is None and (cluster_id is None or r.cluster_id == cluster_id)
+            ]
+
+    def node_status(self, node_name: str, *, cluster_id: str | None = None) -> SimNodeStatus:
+        """One node by name; raises ``DriverError`` if unknown or ambiguous."""
+        with self._lock:
+            return self._status(self._resolve(node_name, cluster_id), self._clock.now())
+
+    def drain_node(self, node_name: str, *, reason: str, cluster_id: str | None = None) -> None:
+        """Stop new jobs on the node; running ones finish. Idempotent."""
+        with self._lock:
+            key = self._key(self._resolve(node_name, cluster_id))
+            old = self._workload.flags.get(key) or NodeFlags()
+            # Keep a reason already set: overwriting an operator's drain reason with ours
+            # would make their drain look like ours, and we would later undo it.
+            kept = old.reason if (old.drained or old.down) and old.reason else reason
+            self._workload.set_flags(key, NodeFlags(drained=True, down=old.down, reason=kept))
+            self._save()
+
+    def down_node(self, node_name: str, *, reason: str, cluster_id: str | None = None) -> None:
+        """Mark the node down at once; its job dies as NODE_FAIL."""
+        with self._lock:
+            key = self._key(self._resolve(node_name, cluster_id))
+            old = self._workload.flags.get(key) or NodeFlags()
+            kept = old.reason if (old.drained or old.down) and old.reason else reason  # as drain
+            self._workload.set_flags(key, NodeFlags(drained=old.drained, down=True, reason=kept))
+            self._workload.kill_on(key, self._clock.now())
+            self._save()
+
+    def resume_node(
+        self, node_name: str, *, cluster_id: str | None = None, only_reason_prefix: str | None
+    ) -> None:
+        """Clear drain and down. With ``only_reason_prefix``, refuse (``DriverError``) a
+        node whose reason does not start with it; a node with no flags resumes trivially."""
+        with self._lock:
+            record = self._resolve(node_name, cluster_id)
+            key = (record.cluster_id, record.node_name)
+            flags = self._workload.flags.get(key)
+            if flags is None or not (flags.drained or flags.down):
+                return
+            reason = flags.reason or ""
+            if only_reason_prefix is not None and not reason.startswith(only_reason_prefix):
+                raise DriverError(
+                    f"sim: refusing to resume node {record.node_name}: its reason {reason!r} "
+                    f"was not set by gpufleet (no {only_reason_prefix!r} prefix)"
+                )
+            self._workload.set_flags(key, None)
+            self._save()
+
+    def jobs_on_node(self, node_name: str, *, cluster_id: str | None = None) -> list[SimJob]:
+        """Jobs running on the node now."""
+        with self._lock:
+            record = self._resolve(node_name, cluster_id)
+            jobs = self._workload.jobs_on((record.cluster_id, record.node_name))
+            return [j.snapshot() for j in jobs]
+
+    def running_jobs(self, *, cluster_id: str | None = None) -> list[SimJob]:
+        with self._lock:
+            return [
+                j.snapshot()
+                for j in self._workload.running.values()
+                if cluster_id is None or j.cluster_id == cluster_id
+            ]
+
+    def submit_job(
+        self,
+        *,
+        cluster_id: str,
+        node_count: int,
+        gpus_per_node: int,
+        duration_s: float,
+        user: str = "alice",
+        account: str = "llm-pretrain",
+    ) -> SimJob:
+        """Queue a job by hand (it starts at the next ``advance`` with room for it)."""
+        with self._lock:
+            job = self._workload.new_job(
+                cluster_id=cluster_id,
+                node_count=node_count,
+                gpus_per_node=gpus_per_node,
+                duration_s=duration_s,
+                now=self._clock.now(),
+                rng=self._rng,
+            )
+            job.user, job.account = user, account
+            self._workload.queue(job)
+            self._save()
+            return job.snapshot()
+
+    def pending_gpu_demand(self, *, cluster_id: str | None = None) -> int:
+        """GPUs asked for by queued jobs."""
+        with self._lock:
+            return sum(
+                j.node_count * j.gpus_per_node
+                for j in self._workload.queued
+                if cluster_id is None or j.cluster_id == cluster_id
+            )
+
+    def accounting_since(
+        self, since: dt.datetime, *, cluster_id: str | None = None
+    ) -> list[SimJob]:
+        """Jobs that ended at or after ``since``, oldest first."""
+        with self._lock:
+            ids = None if cluster_id is None else [cluster_id]
+            return [j.snapshot() for j in self._workload.ended_since(since, ids)]
+
+    def busy_instance_ids(self) -> frozenset[str]:
+        """Instances whose node runs a job now (their GPUs are busy)."""
+        with self._lock:
+            out: set[str] = set()
+            for cid, name in self._workload.busy:
+                iid = self._live.get(name, {}).get(cid)
+                if iid is not None:
+                    out.add(iid)
+            return frozenset(out)
+
+    @property
+    def scheduler_available(self) -> bool:
+        return self._scheduler_available
+
+    def set_scheduler_available(self, available: bool) -> None:
+        """Make the workload manager unreachable (to test that drains fail closed)."""
+        with self._lock:
+            self._scheduler_available = available
+            self._save()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _check_spec(self, spec: SimInstanceSpec) -> None:
+        if spec.gpu_model not in GPU_MODELS:
+            known = ", ".join(sorted(GPU_MODELS))
+            raise DriverError(
+                f"sim: cannot provision node {spec.node_name}: unknown GPU model "
+                f"{spec.gpu_model!r} (known: {known})"
+            )
+        if not 1 <= spec.gpu_count <= MAX_GPUS_PER_NODE:
+            raise DriverError(
+                f"sim: cannot provision node {spec.node_name}: gpu_count {spec.gpu_count} "
+                f"is outside 1..{MAX_GPUS_PER_NODE}"
+            )
+
+    def _create(self, spec: SimInstanceSpec, *, plan: BootPlan, now: dt.datetime) -> InstanceRecord:
+        rng = self._rng
+        slot = self._next_slot
+        self._next_slot += 1
+        record = InstanceRecord(
+            instance_id=f"i-{rng.getrandbits(64):016x}",
+            client_token=spec.client_token,
+            cluster_id=spec.cluster_id,
+            node_name=spec.node_name,
+            gpu_model=spec.gpu_model,
+            gpu_count=spec.gpu_count,
+            user_data=dict(spec.user_data),
+            created_at=now,
+            ready_at=now + dt.timedelta(seconds=rng.uniform(*plan.delay_range_s)),
+            will_fail=rng.random() < plan.failure_rate,
+            slot=slot,
+            serial=f"SIM{rng.getrandbits(40):010X}",
+            gpus=[self._new_gpu(i) for i in range(spec.gpu_count)],
+        )
+        self._index(record)
+        self._touch(record)
+        return record
+
+    def _new_gpu(self, index: int) -> SimGpu:
+        gpu_uuid = uuid.UUID(int=self._rng.getrandbits(128), version=4)
+        return SimGpu(index, f"GPU-{gpu_uuid}", str(self._rng.randrange(10**12, 10**13)))
+
+    def _restart(self, record: InstanceRecord, *, plan: BootPlan, redraw_failure: bool) -> None:
+        now = self._clock.now()
+        self._workload.kill_on((record.cluster_id, record.node_name), now)
+        record.ready_at = now + dt.timedelta(seconds=self._rng.uniform(*plan.delay_range_s))
+        record.boot_id += 1
+        if redraw_failure:
+            record.will_fail = self._rng.random() < plan.failure_rate
+        self._touch(record)
+
+    def _require_live(self, instance_id: str, *, action: str) -> InstanceRecord:
+        record = self._instances.get(instance_id)
+        if record is None:
+            raise DriverError(f"sim: cannot {action} {instance_id}: no such instance")
+        if record.terminated_at is not None:
+            raise DriverError(
+                f"sim: cannot {action} node {record.node_name} ({instance_id}): terminated"
+            )
+        return record
+
+    def _unindex_live(self, record: InstanceRecord) -> None:
+        by_cluster = self._live.get(record.node_name, {})
+        if by_cluster.get(record.cluster_id) == record.instance_id:
+            del by_cluster[record.cluster_id]
+            if not by_cluster:
+                del self._live[record.node_name]
+
+    def _resolve(self, node_name: str, cluster_id: str | None) -> InstanceRecord:
+        by_cluster = self._live.get(node_name, {})
+        if cluster_id is not None:
+            iid = by_cluster.get(cluster_id)
+            if iid is None:
+                raise DriverError(f"sim: node {node_name} not found in cluster {cluster_id}")
+            return self._instances[iid]
+        if not by_cluster:
+            raise DriverError(f"sim: node {node_name} not found")
+        if len(by_cluster) > 1:
+            raise DriverError(
+                f"sim: node name {node_name} is in several clusters "
+                f"({', '.join(sorted(by_cluster))}); use a cluster-scoped scheduler"
+            )
+        return self._instances[next(iter(by_cluster.values()))]
+
+    @staticmethod
+    def _key(record: InstanceRecord) -> NodeKey:
+        return (record.cluster_id, record.node_name)
+
+    def _status(self, record: InstanceRecord, now: dt.datetime) -> SimNodeStatus:
+        key = (record.cluster_id, record.node_name)
+        flags = self._workload.flags.get(key)
+        job_id = self._workload.busy.get(key)
+        return SimNodeStatus(
+            cluster_id=record.cluster_id,
+            node_name=record.node_name,
+            instance_id=record.instance_id,
+            instance_state=record.state_at(now),
+            gpus=record.gpu_count,
+            drained=flags.drained if flags else False,
+            down=flags.down if flags else False,
+            reason=flags.reason if flags else None,
+            job_ids=() if job_id is None else (job_id,),
+        )
+
+    # -- persistence (see store.py) --------------------------------------------------
+
+    def _touch(self, record: InstanceRecord) -> None:
+        self._changes.append({"i": record.to_json()})
+
+    def _index(self, record: InstanceRecord) -> None:
+        self._instances[record.instance_id] = record
+        self._by_token[record.client_token] = record.instance_id
+        if record.terminated_at is None:
+            self._live.setdefault(record.node_name, {})[record.cluster_id] = record.instance_id
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "next_slot": self._next_slot,
+            "next_job_id": self._workload.next_job_id,
+            "targets": self._workload.targets,
+            "scheduler_available": self._scheduler_available,
+            "restarts": self._restarts,
+        }
+
+    def _save(self) -> None:
+        changes = [*self._changes, *self._workload.changes, {"m": self._meta()}]
+        self._changes.clear()
+        self._workload.changes.clear()
+        if self._store is None:
+            return
+        if self._store.wants_snapshot():
+            self._store.write_snapshot(
+                {
+                    "meta": self._meta(),
+                    "instances": [r.to_json() for r in self._instances.values()],
+                    "workload": self._workload.to_json(),
+                }
+            )
+        else:
+            self._store.append(changes)
+
+    def _open(self, store: WorldStore) -> None:
+        snapshot, entries = store.load()
+        if snapshot is None:
+            # Journal lines extend a snapshot, so there must be one before the first line.
+            store.write_snapshot(
+                {"meta": self._meta(), "instances": [], "workload": self._workload.to_json()}
+            )
+            return
+        meta = snapshot["meta"]
+        for item in snapshot["instances"]:
+            record = InstanceRecord.from_json(item)
+            self._instances[record.instance_id] = record
+        self._workload.load_json(snapshot["workload"])
+        for entry in entries:
+            if "i" in entry:
+                record = InstanceRecord.from_json(entry["i"])
+                self._instances[record.instance_id] = record
+            elif "m" in entry:
+                meta = entry["m"]
+            else:
+                self._workload.apply_change(entry)
+        for record in self._instances.values():
+            self._index(record)
+        self._workload.rebuild_busy()
+        self._next_slot = int(meta["next_slot"])
+        self._workload.next_job_id = int(meta["next_job_id"])
+        self._workload.targets = {str(k): float(v) for k, v in dict(meta["targets"]).items()}
+        self._scheduler_available = bool(meta["scheduler_available"])
+        # A fresh random stream per restart: replaying the seed's first stream would hand
+        # out serials and GPU UUIDs that already exist.
+        self._restarts = int(meta["restarts"]) + 1
+        self._rng = random.Random(None if self._seed is None else f"{self._seed}:{self._restarts}")
+        self._save()
