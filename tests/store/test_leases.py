@@ -1,0 +1,85 @@
+"""Loop leases: one active replica per loop, handed over when the holder goes silent."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+from gpufleet.core.clock import FakeClock
+from gpufleet.server.db.engine import Database
+from gpufleet.server.db.leases import acquire_lease, lease_holder, release_lease
+from gpufleet.server.workers.base import LoopDeps, LoopService
+
+
+async def test_only_one_owner_holds_a_lease_until_it_expires(database_url: str) -> None:
+    db = Database(database_url)
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    try:
+        a = await acquire_lease(db, name="loop:x", owner="a", ttl_s=10, now=now)
+        assert a is not None
+        assert await acquire_lease(db, name="loop:x", owner="b", ttl_s=10, now=now) is None
+        # The holder renews and keeps its token.
+        later = now + dt.timedelta(seconds=5)
+        assert await acquire_lease(db, name="loop:x", owner="a", ttl_s=10, now=later) == a
+        # b takes over only once a has been silent past the TTL.
+        expired = later + dt.timedelta(seconds=11)
+        b = await acquire_lease(db, name="loop:x", owner="b", ttl_s=10, now=expired)
+        assert b is not None and b != a
+        assert (await lease_holder(db, name="loop:x")) is not None
+        holder = await lease_holder(db, name="loop:x")
+        assert holder is not None and holder[0] == "b"
+        # a's old token can no longer release b's lease.
+        await release_lease(db, name="loop:x", token=a)
+        holder = await lease_holder(db, name="loop:x")
+        assert holder is not None and holder[0] == "b"
+        await release_lease(db, name="loop:x", token=b)
+        assert await lease_holder(db, name="loop:x") is None
+    finally:
+        await db.dispose()
+
+
+async def test_contending_replicas_get_exactly_one_lease(database_url: str) -> None:
+    replicas = [Database(database_url) for _ in range(5)]
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    try:
+        tokens = await asyncio.gather(
+            *(
+                acquire_lease(db, name="loop:race", owner=f"r{i}", ttl_s=30, now=now)
+                for i, db in enumerate(replicas)
+            )
+        )
+        assert sum(t is not None for t in tokens) == 1
+    finally:
+        for db in replicas:
+            await db.dispose()
+
+
+class _Counting(LoopService):
+    name = "counting"
+
+    def __init__(self, deps: LoopDeps) -> None:
+        super().__init__(deps, interval_s=0.01)
+        self.ran = 0
+
+    async def run_once(self) -> None:
+        self.ran += 1
+
+
+async def test_loops_on_two_replicas_run_on_one(database_url: str) -> None:
+    clock = FakeClock()
+    dbs = [Database(database_url), Database(database_url)]
+    loops = [
+        _Counting(LoopDeps(db=db, clock=clock, owner=f"replica-{i}", lease_ttl_s=15))
+        for i, db in enumerate(dbs)
+    ]
+    stop = asyncio.Event()
+    try:
+        tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.gather(*tasks)
+        ran = sorted(loop.ran for loop in loops)
+        assert ran[0] == 0 and ran[1] > 0, ran
+    finally:
+        for db in dbs:
+            await db.dispose()
