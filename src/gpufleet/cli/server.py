@@ -60,7 +60,8 @@ def server(
 def demo(
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8080,
     data_dir: Annotated[
-        Path | None, typer.Option(help="Keep the demo's state here (default: <per-user data dir>/demo).")
+        Path | None,
+        typer.Option(help="Keep the demo's state here (default: <per-user data dir>/demo)."),
     ] = None,
 ) -> None:
     """Run a server with a simulated fleet, ready to click through."""

@@ -7,10 +7,6 @@ import json
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodySizeLimit:
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
         self.app = app
@@ -29,29 +25,32 @@ class BodySizeLimit:
                 if declared > self.max_bytes:
                     await self._reject(send)
                     return
+        # Read the whole body before the app sees it (it is at most max_bytes), so a
+        # streamed body that grows too large is refused with 413 before any parsing.
+        chunks: list[bytes] = []
         seen = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
+            if message["type"] == "http.disconnect":
+                return
+            body = message.get("body", b"")
+            seen += len(body)
+            if seen > self.max_bytes:
                 await self._reject(send)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
         body = json.dumps(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 
 from gpufleet.core.agent_protocol import ReportAck, ReportBatch
 from gpufleet.core.errors import Unauthorized
@@ -12,9 +14,17 @@ from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, hash_token
 router = APIRouter(prefix="/agent", tags=["agent"])
 
 
-@router.post("/reports")
-async def post_reports(body: ReportBatch, request: Request, ctx: CtxDep) -> ReportAck:
+def node_token_hash(request: Request) -> str:
+    """Checked before the body is parsed, so an anonymous caller learns nothing of it."""
     token = bearer_token(request)
     if not token.startswith(NODE_TOKEN_PREFIX):
         raise Unauthorized("agent endpoints take a node token")
-    return await ctx.ingest.submit(token_hash=hash_token(token), batch=body)
+    return hash_token(token)
+
+
+NodeTokenHash = Annotated[str, Depends(node_token_hash)]
+
+
+@router.post("/reports")
+async def post_reports(token_hash: NodeTokenHash, body: ReportBatch, ctx: CtxDep) -> ReportAck:
+    return await ctx.ingest.submit(token_hash=token_hash, batch=body)

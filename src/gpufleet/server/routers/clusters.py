@@ -26,6 +26,7 @@ async def list_clusters(
             session,
             caller=caller,
             staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
             project_ref=project,
             name=name,
             status=status,
@@ -44,7 +45,11 @@ async def create_cluster(body: CreateClusterRequest, caller: CallerDep, ctx: Ctx
 async def get_cluster(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Cluster:
     async with ctx.db.session() as session:
         return await clusters_services.get_cluster(
-            session, caller=caller, cluster_id=cluster_id, staleness_s=ctx.settings.staleness_s
+            session,
+            caller=caller,
+            cluster_id=cluster_id,
+            staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
         )
 
 
@@ -52,7 +57,11 @@ async def get_cluster(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Cluste
 async def get_cluster_status(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> dict[str, Any]:
     async with ctx.db.session() as session:
         cluster = await clusters_services.get_cluster(
-            session, caller=caller, cluster_id=cluster_id, staleness_s=ctx.settings.staleness_s
+            session,
+            caller=caller,
+            cluster_id=cluster_id,
+            staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
         )
     return {
         "id": cluster.id,

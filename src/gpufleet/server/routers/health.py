@@ -18,5 +18,9 @@ async def health_summary(
         if cluster is not None:
             await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster)
         return await health_services.health_summary(
-            session, caller=caller, staleness_s=ctx.settings.staleness_s, cluster_id=cluster
+            session,
+            caller=caller,
+            staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
+            cluster_id=cluster,
         )

@@ -29,6 +29,7 @@ async def list_nodes(
             session,
             caller=caller,
             staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
             cluster_id=cluster,
             state=state,
             health=health,
@@ -42,5 +43,9 @@ async def list_nodes(
 async def get_node(node_id: str, caller: CallerDep, ctx: CtxDep) -> Node:
     async with ctx.db.session() as session:
         return await nodes_services.get_node(
-            session, caller=caller, node_id=node_id, staleness_s=ctx.settings.staleness_s
+            session,
+            caller=caller,
+            node_id=node_id,
+            staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
         )

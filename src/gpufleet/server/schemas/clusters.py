@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StrictBool, StringConstraints
 
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
@@ -19,12 +19,12 @@ class CreateClusterRequest(Request):
     scheduler: SchedulerKind = SchedulerKind.SIM
     provider: ProviderKind = ProviderKind.SIM
     gpu_model: Annotated[str, Field(min_length=1, max_length=120)] = DEFAULT_GPU_MODEL
-    gpus_per_node: Annotated[int, Field(ge=0, le=64)] = 8
-    size: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE)]
-    acceptance_tests: bool = True
+    gpus_per_node: Annotated[int, Field(ge=0, le=64, strict=True)] = 8
+    size: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)]
+    acceptance_tests: StrictBool = True
     startup_scripts: Annotated[
         list[Annotated[str, StringConstraints(max_length=65536)]], Field(max_length=32)
     ] = []
-    autoscale_min: Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE)] | None = None
-    autoscale_max: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE)] | None = None
+    autoscale_min: Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE, strict=True)] | None = None
+    autoscale_max: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)] | None = None
     labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=64)] = {}

@@ -18,4 +18,4 @@ Limit = Annotated[int, Field(ge=1, le=1000)]
 class Request(BaseModel):
     """Base of every request body: unknown fields are an error, not silently dropped."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+    model_config = ConfigDict(extra="forbid")

@@ -12,4 +12,4 @@ class CreateTokenRequest(Request):
     name: Annotated[str, Field(min_length=1, max_length=128)] = "cli"
     project: Ref | None = None
     role: Role | None = None
-    expires_in_days: Annotated[int, Field(ge=1, le=3650)] | None = None
+    expires_in_days: Annotated[int, Field(ge=1, le=3650, strict=True)] | None = None

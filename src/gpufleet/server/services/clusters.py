@@ -63,7 +63,7 @@ def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None)
 
 
 async def count_nodes(
-    session: AsyncSession, *, cluster_ids: Sequence[str], staleness_s: float
+    session: AsyncSession, *, cluster_ids: Sequence[str], staleness_s: float, now: dt.datetime
 ) -> dict[str, NodeCounts]:
     """Node counts by state and by (effective) health, and live GPUs, per cluster."""
     by_state: dict[str, dict[str, int]] = {c: {} for c in cluster_ids}
@@ -72,7 +72,6 @@ async def count_nodes(
     gpus = dict.fromkeys(cluster_ids, 0)
     if not cluster_ids:
         return {}
-    now = utcnow()
     rows = await session.execute(
         select(NodeRow.cluster_id, NodeRow.state, NodeRow.health, NodeRow.last_report_at).where(
             NodeRow.cluster_id.in_(cluster_ids), NodeRow.state != NodeState.REMOVED.value
@@ -237,6 +236,7 @@ async def list_clusters(
     *,
     caller: Caller,
     staleness_s: float,
+    now: dt.datetime,
     project_ref: str | None = None,
     name: str | None = None,
     status: ClusterStatus | None = None,
@@ -255,17 +255,19 @@ async def list_clusters(
     else:
         query = query.where(ClusterRow.status != ClusterStatus.DELETED.value)
     rows = (await session.scalars(query)).all()
-    counts = await count_nodes(session, cluster_ids=[r.id for r in rows], staleness_s=staleness_s)
+    counts = await count_nodes(
+        session, cluster_ids=[r.id for r in rows], staleness_s=staleness_s, now=now
+    )
     return Page[Cluster](
         items=[cluster_row_to_cluster(r, counts=counts.get(r.id)) for r in rows], next_cursor=None
     )
 
 
 async def get_cluster(
-    session: AsyncSession, *, caller: Caller, cluster_id: str, staleness_s: float
+    session: AsyncSession, *, caller: Caller, cluster_id: str, staleness_s: float, now: dt.datetime
 ) -> Cluster:
     row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
-    counts = await count_nodes(session, cluster_ids=[row.id], staleness_s=staleness_s)
+    counts = await count_nodes(session, cluster_ids=[row.id], staleness_s=staleness_s, now=now)
     return cluster_row_to_cluster(row, counts=counts[row.id])
 
 

@@ -7,7 +7,6 @@ import datetime as dt
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.clock import utcnow
 from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState
 from gpufleet.core.health import cluster_health
 from gpufleet.core.models import HealthSummary
@@ -18,9 +17,13 @@ from gpufleet.server.services.nodes import effective_health, gpu_health
 
 
 async def health_summary(
-    session: AsyncSession, *, caller: Caller, staleness_s: float, cluster_id: str | None = None
+    session: AsyncSession,
+    *,
+    caller: Caller,
+    staleness_s: float,
+    now: dt.datetime,
+    cluster_id: str | None = None,
 ) -> HealthSummary:
-    now = utcnow()
     cq = select(ClusterRow.id).where(ClusterRow.status != ClusterStatus.DELETED.value)
     visible = caller.visible_project_ids()
     if visible is not None:

@@ -126,7 +126,7 @@ async def get_node_row_or_error(
 
 
 async def get_node(
-    session: AsyncSession, *, caller: Caller, node_id: str, staleness_s: float
+    session: AsyncSession, *, caller: Caller, node_id: str, staleness_s: float, now: dt.datetime
 ) -> Node:
     row, _cluster = await get_node_row_or_error(session, caller=caller, node_id=node_id)
     gpus = (
@@ -134,7 +134,7 @@ async def get_node(
             select(GpuRow).where(GpuRow.node_id == row.id, GpuRow.removed_at.is_(None))
         )
     ).all()
-    return node_row_to_node(row, now=utcnow(), staleness_s=staleness_s, gpus=gpus)
+    return node_row_to_node(row, now=now, staleness_s=staleness_s, gpus=gpus)
 
 
 async def list_nodes(
@@ -142,6 +142,7 @@ async def list_nodes(
     *,
     caller: Caller,
     staleness_s: float,
+    now: dt.datetime,
     cluster_id: str | None = None,
     state: NodeState | None = None,
     health: Health | None = None,
@@ -165,7 +166,6 @@ async def list_nodes(
         query = query.where(NodeRow.state != NodeState.REMOVED.value)
     if cursor:
         query = query.where(NodeRow.id > cursor)
-    now = utcnow()
     # Health filtering happens after effective_health, so it matches what is shown.
     fetch = limit + 1 if health is None else None
     query = query.order_by(NodeRow.id)

@@ -6,8 +6,8 @@ import datetime as dt
 
 from sqlalchemy import or_, select
 
-from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState
-from gpufleet.server.db.tables import ClusterRow, NodeRow
+from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState, Severity
+from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.health import refresh_cluster_health
 from gpufleet.server.workers.base import LoopDeps, LoopService
@@ -37,7 +37,27 @@ class HealthLoop(LoopService):
                     .with_for_update(skip_locked=True, of=NodeRow)
                 )
             ).all()
+            unhealthy_by_finding = (
+                set(
+                    await session.scalars(
+                        select(FindingRow.node_id).where(
+                            FindingRow.node_id.in_([n.id for n, _ in stale]),
+                            FindingRow.cleared_at.is_(None),
+                            FindingRow.severity.in_(
+                                [Severity.CRITICAL.value, Severity.FATAL.value]
+                            ),
+                        )
+                    )
+                )
+                if stale
+                else set()
+            )
             for node, project_id in stale:
+                if node.id in unhealthy_by_finding:
+                    # Known bad beats unknown: silence does not hide an open critical finding.
+                    if node.health != Health.UNHEALTHY.value:
+                        node.health = Health.UNHEALTHY.value
+                    continue
                 silent = (
                     "never reported"
                     if node.last_report_at is None

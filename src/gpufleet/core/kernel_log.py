@@ -1,0 +1,178 @@
+"""Kernel-log line prefixes: split a saved or followed log line into time, host, message.
+
+The same driver message reaches gpufleet through many readers, each adding its own
+prefix, sometimes two (a syslog header around a dmesg timestamp). Matchers must see only
+the message, so this module strips every prefix it knows, repeatedly, and keeps what the
+prefixes said. It never raises: a line it does not recognise is all message.
+
+Recognised (any nesting, e.g. ``Dec  2 10:43:35 host kernel: [240314.528856] NVRM: …``):
+
+* ``/dev/kmsg`` records: ``4,1234,5678901234,-;message``
+* ``dmesg -x`` decoding: ``kern  :warn  : `` (facility and level)
+* monotonic: ``[ 1234.567890]``, also ``dmesg -d`` ``[ 1234.5 <    0.000010>]``
+* ``dmesg -T``: ``[Tue Mar  5 10:12:01 2024]``
+* ISO 8601 (``dmesg --time-format iso``, ``journalctl -o short-iso[-precise]``, rsyslog):
+  ``2024-03-05T10:12:01.123456+0000`` or with a comma before the fraction
+* RFC 3164 / ``journalctl -o short``: ``<4>Mar  5 10:12:01 host kernel: ``
+* RFC 5424: ``<4>1 2024-03-05T10:12:01.1Z host kernel - - - ``
+* ``journalctl -o short-full``: ``Tue 2024-03-05 10:12:01 UTC host kernel: ``
+* continuation lines that dmesg indents with spaces
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+
+# A syslog program tag after the host: ``kernel:``, ``kernel[0]:``, ``nv-fabricmanager[9]:``.
+_TAG = r"(?P<tag>[A-Za-z0-9_./@-]+?)(?:\[\d+\])?:\s"
+_HOST = r"(?P<host>[A-Za-z0-9_.:-]+)"
+_ISO = (
+    r"(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?"
+    r"(?:Z|[+-]\d{2}:?\d{2})?)"
+)
+
+_KMSG = re.compile(r"(?P<prio>\d{1,3}),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+_DMESG_X = re.compile(r"(?P<fac>[a-z]{2,8})\s*:(?P<lvl>[a-z]{3,6})\s*:\s")
+_BRACKET_MONO = re.compile(r"\[\s*(?P<mono>\d+\.\d+)(?:\s*<[^>]*>)?\]\s?")
+_BRACKET_CTIME = re.compile(
+    r"\[(?:[A-Z][a-z]{2} )?(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) "
+    r"(?P<time>\d{2}:\d{2}:\d{2})(?: (?P<year>\d{4}))?\]\s?"
+)
+_RFC5424 = re.compile(
+    r"(?:<\d{1,3}>)?1 " + _ISO + r" " + _HOST + r" (?P<tag>\S+) \S+ \S+ (?:-|(?:\[.*?\])+)\s?"
+)
+_ISO_HEAD = re.compile(_ISO + r"(?:\s+" + _HOST + r"\s+" + _TAG + r"|\s)")
+_RFC3164 = re.compile(
+    r"(?:<\d{1,3}>)?(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) (?P<time>\d{2}:\d{2}:\d{2})"
+    r"(?: (?P<year>\d{4}))?\s+" + _HOST + r"\s+" + _TAG
+)
+_SHORT_FULL = re.compile(
+    r"[A-Z][a-z]{2} (?P<date>\d{4}-\d{2}-\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.\d+)? "
+    r"(?P<zone>[A-Z]{1,5}|[+-]\d{4}) " + _HOST + r"\s+" + _TAG
+)
+# Monotonic stamp then host then tag: ``journalctl -o short-monotonic``.
+_MONO_HOST = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]\s+" + _HOST + r"\s+" + _TAG)
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One log line with its prefixes taken apart.
+
+    ``timestamp`` is wall-clock time when a prefix gave one (timezone-aware when the
+    prefix had a zone, naive otherwise); ``uptime_s`` is seconds since boot from a
+    monotonic stamp. Year-less stamps (RFC 3164, ``dmesg -T`` without a year) get the
+    ``year`` passed to :func:`parse_line`, or no ``timestamp`` at all.
+    """
+
+    message: str
+    timestamp: dt.datetime | None = None
+    uptime_s: float | None = None
+    host: str | None = None
+    level: str | None = None
+
+
+def _ctime(mon: str, day: str, time: str, year: int | None) -> dt.datetime | None:
+    if year is None or mon not in _MONTHS:
+        return None
+    try:
+        hh, mm, ss = (int(p) for p in time.split(":"))
+        return dt.datetime(year, _MONTHS[mon], int(day), hh, mm, ss)
+    except ValueError:
+        return None
+
+
+def _iso(text: str) -> dt.datetime | None:
+    text = text.replace(",", ".", 1).replace(" ", "T", 1)
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    # fromisoformat takes at most 6 fraction digits on 3.11; journald can print 9.
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = head + "." + rest[: min(digits, 6)].ljust(6, "0") + rest[digits:]
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+_LEVELS = ("emerg", "alert", "crit", "err", "warn", "notice", "info", "debug")
+
+
+def parse_line(line: str, *, year: int | None = None) -> LogLine:
+    """Strip the known prefixes from one line and return what they said."""
+    text = line.rstrip("\r\n").lstrip()
+    timestamp: dt.datetime | None = None
+    uptime: float | None = None
+    host: str | None = None
+    level: str | None = None
+    # Prefixes nest at most three deep in practice (syslog header, dmesg -x, stamp).
+    for _ in range(5):
+        if not text:
+            break
+        first = text[0]
+        m: re.Match[str] | None
+        if first == "[":
+            if m := _MONO_HOST.match(text):
+                uptime, host = float(m["mono"]), m["host"]
+            elif m := _BRACKET_MONO.match(text):
+                uptime = float(m["mono"])
+            elif m := _BRACKET_CTIME.match(text):
+                timestamp = _ctime(m["mon"], m["day"], m["time"], _year(m["year"], year))
+            else:
+                break
+        elif first.isdigit():
+            if m := _KMSG.match(text):
+                level = _LEVELS[int(m["prio"]) & 7]
+                uptime = int(m["usec"]) / 1e6
+            elif m := _RFC5424.match(text):
+                timestamp, host = _iso(m["iso"]), m["host"]
+            elif m := _ISO_HEAD.match(text):
+                timestamp, host = _iso(m["iso"]), m["host"] or host
+            else:
+                break
+        elif first == "<":
+            if m := _RFC5424.match(text):
+                timestamp, host = _iso(m["iso"]), m["host"]
+            elif m := _RFC3164.match(text):
+                timestamp = _ctime(m["mon"], m["day"], m["time"], _year(m["year"], year))
+                host = m["host"]
+            else:
+                break
+        elif first.isupper():
+            if m := _RFC3164.match(text):
+                timestamp = _ctime(m["mon"], m["day"], m["time"], _year(m["year"], year))
+                host = m["host"]
+            elif m := _SHORT_FULL.match(text):
+                timestamp = _iso(f"{m['date']}T{m['time']}" + _zone(m["zone"]))
+                host = m["host"]
+            else:
+                break
+        elif first.islower() and (m := _DMESG_X.match(text)):
+            level = m["lvl"]
+        else:
+            break
+        text = text[m.end() :].lstrip()
+    return LogLine(message=text, timestamp=timestamp, uptime_s=uptime, host=host, level=level)
+
+
+def _year(found: str | None, default: int | None) -> int | None:
+    return int(found) if found else default
+
+
+def _zone(zone: str) -> str:
+    if zone in ("UTC", "GMT", "Z"):
+        return "+00:00"
+    if zone[0] in "+-":
+        return zone
+    # A named zone other than UTC cannot be resolved without tz data: leave it naive.
+    return ""

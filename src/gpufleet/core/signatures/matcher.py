@@ -1,0 +1,350 @@
+"""Kernel-log matching: catalog rules compiled once, lines checked cheaply.
+
+Speed comes from the prefilter. Every kernel-log rule names literals one of which a
+matching line must contain ("NVRM", "SXid", ...). ``KernelLogMatcher.feed_bytes`` finds
+those literals with ``bytes.find`` over whole chunks, which runs at memory speed, and
+only the few lines around a hit are decoded, stripped of their prefix and given to the
+regexes. Rules that share a pattern (all Xids, all SXids) run that regex once per line
+and dispatch on the captured code.
+
+Multi-line messages (fallen off the bus at probe, API mismatch) open a window at their
+``start`` line; the next candidate lines (lines that pass the prefilter) are joined to
+it until the full pattern matches or the window runs out. Lines without any prefilter
+literal never join a window: they are not looked at at all.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+from gpufleet.core.enums import RepairAction, Severity
+from gpufleet.core.kernel_log import parse_line
+from gpufleet.core.signatures.catalog import get_catalog
+from gpufleet.core.signatures.models import Catalog, KernelLogRule, Signature
+
+# Identity, not a signature: the driver prints it before most Xids.
+_UUID_LINE = re.compile(r"NVRM: GPU at PCI:([0-9a-fA-F:.]+): (GPU-[0-9a-fA-F-]{36})")
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """One kernel-log line (or joined multi-line message) that fired a signature."""
+
+    signature: str
+    title: str
+    severity: Severity
+    action: RepairAction
+    xid: int | None
+    sxid: int | None
+    pci: str | None  # normalised: "0000:3b:00.0"
+    gpu_index: int | None
+    gpu_uuid: str | None
+    line: str  # raw, as read; lines of a multi-line message joined with "\n"
+    message: str  # without the timestamp/syslog prefix
+    line_number: int | None = None
+    timestamp: dt.datetime | None = None
+    uptime_s: float | None = None
+    host: str | None = None
+
+
+def normalize_pci(raw: str | None) -> str | None:
+    """``PCI:0000:3B:00`` / ``3b:00.0`` / ``00000000:86:00.0`` → ``0000:3b:00.0``.
+
+    Xid lines print domain:bus:device without a function; the function defaults to 0 so
+    the same GPU gets the same address from every line and from NVML.
+    """
+    if not raw:
+        return None
+    text = raw.strip().lower().removeprefix("pci:").rstrip(":.")
+    head, _, function = text.partition(".")
+    parts = head.split(":")
+    if len(parts) == 2:
+        parts.insert(0, "0")
+    if len(parts) != 3:
+        return None
+    try:
+        domain, bus, device = (int(p, 16) for p in parts)
+        fn = int(function or "0", 16)
+    except ValueError:
+        return None
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{fn:x}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    sig: Signature
+    contains: tuple[str, ...]
+    excludes: tuple[str, ...]
+    overrides: tuple[tuple[re.Pattern[str], Severity | None, RepairAction | None], ...]
+
+    def accepts(self, message: str) -> bool:
+        return all(c in message for c in self.contains) and not any(
+            e in message for e in self.excludes
+        )
+
+    def verdict(self, message: str) -> tuple[Severity, RepairAction]:
+        for pattern, severity, action in self.overrides:
+            if pattern.search(message):
+                return severity or self.sig.severity, action or self.sig.action
+        return self.sig.severity, self.sig.action
+
+
+@dataclass(slots=True)
+class _Group:
+    """Rules that share one regex: run it once, then dispatch on the code it captured."""
+
+    regex: re.Pattern[str]
+    code_group: str | None
+    by_code: dict[int, list[_Rule]] = field(default_factory=dict)
+    fallbacks: list[_Rule] = field(default_factory=list)
+    plain: list[_Rule] = field(default_factory=list)
+
+    def pick(self, m: re.Match[str], message: str) -> _Rule | None:
+        if self.code_group is not None and (self.by_code or self.fallbacks):
+            code = int(m[self.code_group])
+            for rule in (*self.by_code.get(code, ()), *self.fallbacks):
+                if rule.accepts(message):
+                    return rule
+        for rule in self.plain:
+            if rule.accepts(message):
+                return rule
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _MultiRule:
+    rule: _Rule
+    start: re.Pattern[str]
+    full: re.Pattern[str]
+    max_lines: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    multi: _MultiRule
+    raws: list[str]
+    messages: list[str]
+    line_number: int | None
+    remaining: int
+
+
+class _Program:
+    """The catalog's kernel-log rules, compiled; immutable and shared by matchers."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        groups: dict[str, _Group] = {}
+        self.by_token: dict[str, list[_Group | _MultiRule]] = {}
+        for sig in catalog.signatures:
+            rule = sig.match
+            if not isinstance(rule, KernelLogRule):
+                continue
+            compiled = _Rule(
+                sig=sig,
+                contains=rule.contains,
+                excludes=rule.excludes,
+                overrides=tuple(
+                    (re.compile(o.pattern), o.severity, o.action) for o in rule.overrides
+                ),
+            )
+            pattern = catalog.pattern_of(rule)
+            target: _Group | _MultiRule
+            if rule.multiline is not None:
+                target = _MultiRule(
+                    compiled,
+                    re.compile(rule.multiline.start),
+                    re.compile(pattern, re.S),
+                    rule.multiline.max_lines,
+                )
+            else:
+                group = groups.get(pattern)
+                if group is None:
+                    regex = re.compile(pattern)
+                    code = next((g for g in ("xid", "sxid") if g in regex.groupindex), None)
+                    group = groups[pattern] = _Group(regex, code)
+                if rule.codes:
+                    for c in rule.codes:
+                        group.by_code.setdefault(c, []).append(compiled)
+                elif rule.fallback:
+                    group.fallbacks.append(compiled)
+                else:
+                    group.plain.append(compiled)
+                target = group
+            for token in rule.prefilter:
+                targets = self.by_token.setdefault(token, [])
+                if target not in targets:
+                    targets.append(target)
+        self.tokens: tuple[str, ...] = tuple(self.by_token)
+        self.btokens: tuple[bytes, ...] = tuple(t.encode() for t in self.tokens)
+
+    def targets(self, line: str) -> list[_Group | _MultiRule]:
+        out: list[_Group | _MultiRule] = []
+        for token in self.tokens:
+            if token in line:
+                for target in self.by_token[token]:
+                    if target not in out:
+                        out.append(target)
+        return out
+
+
+@cache
+def _program_for(catalog: Catalog) -> _Program:
+    return _Program(catalog)
+
+
+def _program(catalog: Catalog | None) -> _Program:
+    # Catalog models are frozen but hold dicts, so cache by identity via a wrapper.
+    return _programs.setdefault(id(catalog or get_catalog()), _Program(catalog or get_catalog()))
+
+
+_programs: dict[int, _Program] = {}
+
+
+class KernelLogMatcher:
+    """Stateful matcher for one log stream (one node's kernel log, one saved dump).
+
+    Feed it lines in order with :meth:`feed`, or raw chunks with :meth:`feed_bytes` (the
+    fast path; chunks may split lines anywhere) and :meth:`finish` at the end. It keeps
+    the open multi-line windows and the PCI → GPU UUID map the driver prints.
+
+    ``gpu_indexes`` maps PCI addresses (any spelling) to GPU indexes; the agent knows
+    it from NVML, and matches then carry ``gpu_index``.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog | None = None,
+        *,
+        gpu_indexes: Mapping[str, int] | None = None,
+        year: int | None = None,
+    ) -> None:
+        self._program = _program(catalog)
+        self._year = year
+        self._indexes = {
+            p: i for raw, i in (gpu_indexes or {}).items() if (p := normalize_pci(raw))
+        }
+        self._uuids: dict[str, str] = {}
+        self._pending: list[_Pending] = []
+        self._tail = b""
+        self._line_number = 0  # lines consumed by feed_bytes so far
+
+    def feed(self, line: str, *, line_number: int | None = None) -> list[Match]:
+        """Match one line (with or without its newline)."""
+        targets = self._program.targets(line)
+        if not targets:
+            return []
+        parsed = parse_line(line, year=self._year)
+        message = parsed.message
+        out: list[Match] = []
+        if self._pending:
+            self._continue(line, message, out)
+        if "GPU at PCI:" in message and (u := _UUID_LINE.search(message)):
+            if pci := normalize_pci(u[1]):
+                self._uuids[pci] = u[2]
+        for target in targets:
+            if isinstance(target, _MultiRule):
+                if not target.start.search(message):
+                    continue
+                if full := target.full.search(message):
+                    out.append(self._match(target.rule, full, message, line, parsed, line_number))
+                else:
+                    self._pending.append(
+                        _Pending(target, [line], [message], line_number, target.max_lines - 1)
+                    )
+                continue
+            m = target.regex.search(message)
+            if m is None:
+                continue
+            rule = target.pick(m, message)
+            if rule is not None:
+                out.append(self._match(rule, m, message, line, parsed, line_number))
+        return out
+
+    def feed_bytes(self, data: bytes) -> list[Match]:
+        """Match a chunk of a byte stream; a trailing partial line waits for the next."""
+        buf = self._tail + data if self._tail else data
+        cut = buf.rfind(b"\n") + 1
+        self._tail = buf[cut:]
+        return self._scan(buf, cut)
+
+    def finish(self) -> list[Match]:
+        """Match the last line of a stream that did not end with a newline."""
+        buf, self._tail = self._tail, b""
+        out = self._scan(buf + b"\n", len(buf) + 1) if buf else []
+        self._pending.clear()
+        return out
+
+    def _scan(self, buf: bytes, end: int) -> list[Match]:
+        starts: set[int] = set()
+        for token in self._program.btokens:
+            i = buf.find(token, 0, end)
+            while i != -1:
+                starts.add(buf.rfind(b"\n", 0, i) + 1)
+                i = buf.find(b"\n", i, end)
+                i = -1 if i == -1 else buf.find(token, i, end)
+        out: list[Match] = []
+        pos, number = 0, self._line_number
+        for start in sorted(starts):
+            number += buf.count(b"\n", pos, start)
+            stop = buf.find(b"\n", start, end)
+            line = buf[start:stop].decode("utf-8", errors="replace")
+            out.extend(self.feed(line, line_number=number + 1))
+            pos = start
+        self._line_number = number + buf.count(b"\n", pos, end)
+        return out
+
+    def _continue(self, raw: str, message: str, out: list[Match]) -> None:
+        still: list[_Pending] = []
+        for p in self._pending:
+            p.raws.append(raw)
+            p.messages.append(message)
+            joined = " ".join(p.messages)
+            if full := p.multi.full.search(joined):
+                parsed = parse_line(p.raws[0], year=self._year)
+                out.append(
+                    self._match(p.multi.rule, full, joined, "\n".join(p.raws), parsed, p.line_number)
+                )
+            elif p.remaining > 1:
+                p.remaining -= 1
+                still.append(p)
+        self._pending = still
+
+    def _match(
+        self,
+        rule: _Rule,
+        m: re.Match[str],
+        message: str,
+        raw: str,
+        parsed: object,
+        line_number: int | None,
+    ) -> Match:
+        groups = m.re.groupindex
+        pci = normalize_pci(m["pci"]) if "pci" in groups else None
+        severity, action = rule.verdict(message)
+        stamp = parse_line(raw.split("\n", 1)[0], year=self._year) if parsed is None else parsed
+        assert hasattr(stamp, "timestamp")  # noqa: S101 - a LogLine, typed loosely for mypy
+        return Match(
+            signature=rule.sig.id,
+            title=rule.sig.title,
+            severity=severity,
+            action=action,
+            xid=int(m["xid"]) if "xid" in groups else None,
+            sxid=int(m["sxid"]) if "sxid" in groups else None,
+            pci=pci,
+            gpu_index=self._indexes.get(pci) if pci else None,
+            gpu_uuid=self._uuids.get(pci) if pci else None,
+            line=raw.rstrip("\r\n"),
+            message=message,
+            line_number=line_number,
+            timestamp=stamp.timestamp,
+            uptime_s=stamp.uptime_s,
+            host=stamp.host,
+        )
+
+
+def match_line(line: str, *, catalog: Catalog | None = None) -> list[Match]:
+    """Match one line on its own (no multi-line state; a joined message still matches)."""
+    return KernelLogMatcher(catalog).feed(line)

@@ -1,0 +1,58 @@
+"""RBAC as data: members read, admins do everything, the owner does everything."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.core.enums import Role
+from gpufleet.core.rbac import ROLE_PERMISSIONS, Permission, is_allowed
+
+MEMBER_MAY = {
+    Permission.PROJECT_READ,
+    Permission.CLUSTER_READ,
+    Permission.NODE_READ,
+    Permission.EVENT_READ,
+    Permission.FINDING_READ,
+    Permission.CHECK_RUN,
+    Permission.TOKEN_CREATE,
+}
+
+
+def test_every_role_has_a_row() -> None:
+    assert set(ROLE_PERMISSIONS) == set(Role)
+
+
+def test_admin_has_every_permission() -> None:
+    assert ROLE_PERMISSIONS[Role.ADMIN] == frozenset(Permission)
+
+
+def test_member_permissions_are_a_subset_of_admin() -> None:
+    assert ROLE_PERMISSIONS[Role.MEMBER] < ROLE_PERMISSIONS[Role.ADMIN]
+
+
+@pytest.mark.parametrize("permission", list(Permission))
+def test_member(permission: Permission) -> None:
+    allowed = is_allowed(role=Role.MEMBER, is_owner=False, permission=permission)
+    assert allowed is (permission in MEMBER_MAY)
+
+
+@pytest.mark.parametrize(
+    "permission",
+    [
+        Permission.CLUSTER_CREATE,
+        Permission.CLUSTER_DELETE,
+        Permission.NODE_ACTION,
+        Permission.MEMBER_MANAGE,
+        Permission.REPAIR_APPROVE,
+    ],
+)
+def test_member_cannot_change_the_control_plane(permission: Permission) -> None:
+    assert not is_allowed(role=Role.MEMBER, is_owner=False, permission=permission)
+    assert is_allowed(role=Role.ADMIN, is_owner=False, permission=permission)
+
+
+@pytest.mark.parametrize("permission", list(Permission))
+def test_no_role_means_nothing_and_owner_means_everything(permission: Permission) -> None:
+    assert not is_allowed(role=None, is_owner=False, permission=permission)
+    assert is_allowed(role=None, is_owner=True, permission=permission)
+    assert is_allowed(role=Role.MEMBER, is_owner=True, permission=permission)

@@ -1,0 +1,221 @@
+"""Tokens and scopes: who sees what, who may change what, and the unauthenticated routes."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+import pytest
+from apihelpers import count_rows, create_cluster, create_project, error_of
+from sqlalchemy import select, update
+
+from gpufleet.server.db.tables import ApiTokenRow, AuditLogRow
+from gpufleet.testing.app import RunningApp
+
+
+async def _token(app: RunningApp, **body: Any) -> dict[str, Any]:
+    response = await app.client.post("/api/v1/tokens", json=body)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+@pytest.fixture
+async def two_projects(app: RunningApp) -> dict[str, Any]:
+    """Projects ml and infra with one cluster each, and a member token for ml."""
+    await create_project(app.client, "ml")
+    await create_project(app.client, "infra")
+    ml = await create_cluster(app.client, project="ml", name="train", size=1)
+    infra = await create_cluster(app.client, project="infra", name="serve", size=1)
+    member = await _token(app, project="ml", role="member", name="ci")
+    return {"ml": ml, "infra": infra, "member": member["token"]}
+
+
+async def test_owner_creates_a_project_scoped_member_token(app: RunningApp) -> None:
+    project = await create_project(app.client, "ml")
+    created = await _token(app, project="ml", role="member", name="ci", expires_in_days=7)
+    token, info = created["token"], created["info"]
+    assert token.startswith("gpf_")
+    assert info["prefix"] == token[:12]
+    assert (info["project_id"], info["role"], info["name"]) == (project["id"], "member", "ci")
+    expires = dt.datetime.fromisoformat(info["expires_at"])
+    assert dt.timedelta(days=6) < expires - dt.datetime.now(dt.UTC) <= dt.timedelta(days=7)
+    async with app.ctx.db.session() as session:
+        row = await session.scalar(select(ApiTokenRow).where(ApiTokenRow.id == info["id"]))
+        audit = await session.scalar(select(AuditLogRow).where(AuditLogRow.object_id == info["id"]))
+    assert row is not None
+    assert token not in (row.token_hash, row.prefix)  # only the hash is stored
+    assert audit is not None
+    assert (audit.action, audit.actor) == ("token.create", "user:admin")
+    async with app.with_token(token) as client:
+        me = (await client.get("/api/v1/me")).json()
+    assert me["token"] == {"id": info["id"], "project_id": project["id"], "role": "member"}
+
+
+async def test_member_token_sees_only_its_project(
+    app: RunningApp, two_projects: dict[str, Any]
+) -> None:
+    ml, infra = two_projects["ml"], two_projects["infra"]
+    async with app.with_token(two_projects["member"]) as client:
+        projects = (await client.get("/api/v1/projects")).json()["items"]
+        assert [p["name"] for p in projects] == ["ml"]
+        clusters = (await client.get("/api/v1/clusters")).json()["items"]
+        assert [c["id"] for c in clusters] == [ml["id"]]
+        assert (await client.get(f"/api/v1/clusters/{ml['id']}")).status_code == 200
+        nodes = (await client.get("/api/v1/nodes")).json()["items"]
+        assert {n["cluster_id"] for n in nodes} == {ml["id"]}
+        events = (await client.get("/api/v1/events")).json()["items"]
+        assert {e["project_id"] for e in events} == {ml["project_id"]}
+        summary = (await client.get("/api/v1/health/summary")).json()
+        assert (summary["clusters"], summary["nodes"]) == (1, 1)
+        for url in (
+            f"/api/v1/clusters/{infra['id']}",
+            f"/api/v1/clusters/{infra['id']}/status",
+            "/api/v1/projects/infra",
+        ):
+            response = await client.get(url)
+            assert response.status_code == 404, url
+        listed = await client.get("/api/v1/clusters", params={"project": "infra"})
+        assert listed.status_code == 404
+        other_events = await client.get("/api/v1/events", params={"cluster": infra["id"]})
+        assert other_events.status_code == 404
+
+
+async def test_member_token_cannot_create_or_delete_clusters(
+    app: RunningApp, two_projects: dict[str, Any]
+) -> None:
+    before = await count_rows(app)
+    async with app.with_token(two_projects["member"]) as client:
+        created = await client.post(
+            "/api/v1/clusters", json={"project": "ml", "name": "new", "size": 1}
+        )
+        deleted = await client.delete(f"/api/v1/clusters/{two_projects['ml']['id']}")
+        elsewhere = await client.post(
+            "/api/v1/clusters", json={"project": "infra", "name": "new", "size": 1}
+        )
+    assert created.status_code == 403
+    assert "cluster.create" in error_of(created)["message"]
+    assert deleted.status_code == 403
+    assert elsewhere.status_code == 404  # another project does not even exist for it
+    assert await count_rows(app) == before
+
+
+async def test_admin_token_of_one_project_cannot_touch_another(
+    app: RunningApp, two_projects: dict[str, Any]
+) -> None:
+    admin = await _token(app, project="infra", role="admin")
+    async with app.with_token(admin["token"]) as client:
+        ml = two_projects["ml"]
+        assert (await client.get(f"/api/v1/clusters/{ml['id']}")).status_code == 404
+        assert (await client.delete(f"/api/v1/clusters/{ml['id']}")).status_code == 404
+        ok = await client.post(
+            "/api/v1/clusters", json={"project": "infra", "name": "new", "size": 1}
+        )
+        assert ok.status_code == 201, ok.text
+
+
+async def test_member_token_mints_only_member_tokens_of_its_project(
+    app: RunningApp, two_projects: dict[str, Any]
+) -> None:
+    async with app.with_token(two_projects["member"]) as client:
+        ok = await client.post("/api/v1/tokens", json={"project": "ml", "role": "member"})
+        assert ok.status_code == 201, ok.text
+        before = await count_rows(app)
+        admin = await client.post("/api/v1/tokens", json={"project": "ml", "role": "admin"})
+        assert admin.status_code == 403
+        assert error_of(admin)["field"] == "role"
+        global_ = await client.post("/api/v1/tokens", json={})
+        assert global_.status_code == 422
+        assert error_of(global_)["field"] == "project"
+        other = await client.post("/api/v1/tokens", json={"project": "infra"})
+        assert other.status_code == 404
+        assert await count_rows(app) == before
+
+
+@pytest.mark.parametrize("change", ["revoked_at", "expires_at"])
+async def test_revoked_or_expired_token_is_401(
+    app: RunningApp, two_projects: dict[str, Any], change: str
+) -> None:
+    async with app.ctx.db.transaction() as session:
+        await session.execute(
+            update(ApiTokenRow)
+            .where(ApiTokenRow.project_id.is_not(None))
+            .values({change: dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)})
+        )
+    async with app.with_token(two_projects["member"]) as client:
+        response = await client.get("/api/v1/clusters")
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+
+
+async def _api_routes(app: RunningApp) -> list[tuple[str, str]]:
+    """Every (METHOD, path) under /api/v1, as the OpenAPI document lists them."""
+    async with app.anonymous() as client:
+        paths = (await client.get("/api/v1/openapi.json")).json()["paths"]
+    return [
+        (method.upper(), path.replace("{", "").replace("}", ""))
+        for path, operations in paths.items()
+        if path.startswith("/api/v1/")
+        for method in operations
+    ]
+
+
+@pytest.mark.parametrize("header", [None, "Bearer ", "Bearer gpf_forged", "Token abc"])
+async def test_every_api_route_needs_a_token(app: RunningApp, header: str | None) -> None:
+    routes = await _api_routes(app)
+    assert len(routes) >= 12
+    assert ("POST", "/api/v1/agent/reports") in routes
+    project = await create_project(app.client, "ml")
+    before = await count_rows(app)
+    headers = {} if header is None else {"Authorization": header}
+    async with app.anonymous() as client:
+        for method, path in routes:
+            url = path.replace("cluster_id", str(uuid.uuid4())).replace(
+                "node_id", str(uuid.uuid4())
+            )
+            url = url.replace("project_ref", project["id"])
+            body = {"reports": [{"seq": 1, "sampled_at": "2026-01-01T00:00:00Z", "gpus": []}]}
+            response = await client.request(
+                method, url, headers=headers, json=body if method == "POST" else None
+            )
+            assert response.status_code == 401, (method, url, response.text)
+            assert error_of(response)["code"] == "unauthorized"
+    assert await count_rows(app) == before
+
+
+async def test_agent_route_rejects_anonymous_before_reading_the_body(app: RunningApp) -> None:
+    async with app.anonymous() as client:
+        response = await client.post("/api/v1/agent/reports", json={})
+    assert response.status_code == 401
+
+
+async def test_probes_need_no_token(app: RunningApp) -> None:
+    async with app.anonymous() as client:
+        live = await client.get("/healthz")
+        ready = await client.get("/readyz")
+    assert (live.status_code, live.json()) == (200, {"status": "ok"})
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+
+
+async def test_openapi_lists_the_routes(app: RunningApp) -> None:
+    async with app.anonymous() as client:
+        response = await client.get("/api/v1/openapi.json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    for path, method in [
+        ("/api/v1/projects", "post"),
+        ("/api/v1/projects/{project_ref}", "get"),
+        ("/api/v1/tokens", "post"),
+        ("/api/v1/me", "get"),
+        ("/api/v1/clusters", "post"),
+        ("/api/v1/clusters/{cluster_id}", "delete"),
+        ("/api/v1/clusters/{cluster_id}/status", "get"),
+        ("/api/v1/nodes", "get"),
+        ("/api/v1/nodes/{node_id}", "get"),
+        ("/api/v1/events", "get"),
+        ("/api/v1/findings", "get"),
+        ("/api/v1/health/summary", "get"),
+        ("/api/v1/agent/reports", "post"),
+    ]:
+        assert method in paths.get(path, {}), (method, path)
