@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from apihelpers import (
     STALENESS_S,
     add_finding,
