@@ -11,11 +11,13 @@ import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from psycopg import sql
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from gpufleet.server.db.engine import Database
+from gpufleet.server.db.migrate import alembic_config
 from gpufleet.server.db.tables import Base
 from gpufleet.testing.databases import PostgresTemplate, pg_admin_url
 
@@ -34,7 +36,9 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
         yield PostgresTemplate().async_url(name)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 async def test_replicas_starting_together_migrate_once(empty_database_url: str) -> None:
@@ -43,7 +47,8 @@ async def test_replicas_starting_together_migrate_once(empty_database_url: str) 
         await asyncio.gather(*(db.migrate() for db in replicas))
         async with replicas[0].engine.connect() as conn:
             versions = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
-        assert [v[0] for v in versions] == ["0001"]
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        assert [v[0] for v in versions] == [head]
         # A later start finds the schema at head and changes nothing.
         await replicas[1].migrate()
     finally:

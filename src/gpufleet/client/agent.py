@@ -8,9 +8,10 @@ import httpx
 
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
-from gpufleet.core.agent_protocol import ReportAck, ReportBatch
+from gpufleet.core.agent_protocol import FindingAck, FindingBatch, ReportAck, ReportBatch
 
 REPORTS_PATH = "/api/v1/agent/reports"
+FINDINGS_PATH = "/api/v1/agent/findings"
 
 
 class AgentClient:
@@ -36,17 +37,26 @@ class AgentClient:
         self._headers = {"Authorization": f"Bearer {node_token}"}
 
     async def send_reports(self, batch: ReportBatch) -> ReportAck:
-        """POST one batch. Raises ``ApiError`` on a 4xx/5xx, ``ServerUnreachable`` if down."""
+        """POST one metrics batch. Raises ``ApiError`` on 4xx/5xx, ``ServerUnreachable``."""
+        response = await self._post(REPORTS_PATH, batch.model_dump_json(exclude_none=True))
+        return ReportAck.model_validate_json(response.content)
+
+    async def send_findings(self, batch: FindingBatch) -> FindingAck:
+        """POST finding changes at once (not with the next metrics batch)."""
+        response = await self._post(FINDINGS_PATH, batch.model_dump_json(exclude_none=True))
+        return FindingAck.model_validate_json(response.content)
+
+    async def _post(self, path: str, body: str) -> httpx.Response:
         try:
             response = await self._http.post(
-                self._base_url + REPORTS_PATH,
-                content=batch.model_dump_json(exclude_none=True),
+                self._base_url + path,
+                content=body,
                 headers={**self._headers, "Content-Type": "application/json"},
             )
         except httpx.TransportError as exc:
             raise ServerUnreachable(f"{self._base_url}: {exc!r}") from exc
         raise_for_error(response)
-        return ReportAck.model_validate_json(response.content)
+        return response
 
     async def aclose(self) -> None:
         if self._own_http:

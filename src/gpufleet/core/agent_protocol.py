@@ -9,9 +9,12 @@ any it has already seen, so an agent may resend a batch after a timeout without 
 from __future__ import annotations
 
 import datetime as dt
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.core.enums import FindingSource, Severity
 
 MAX_GPUS_PER_NODE = 64
 MAX_REPORTS_PER_BATCH = 500
@@ -70,3 +73,47 @@ class ReportAck(_Wire):
     duplicates: int  # reports with a seq the server had already stored
     last_seq: int  # the highest seq the server holds for this node
     report_interval_s: float  # how often the server wants a report
+
+
+class FindingState(StrEnum):
+    OPEN = "open"
+    CLEARED = "cleared"
+
+
+class FindingReport(_Wire):
+    """One change of one finding on a node, as the agent saw it.
+
+    The agent folds repeats: the same signature on the same GPU (or port) is one finding
+    whose ``count`` and ``last_seen`` grow. Each change gets the next value of the agent's
+    finding sequence, so the server applies every change exactly once and in order.
+    """
+
+    seq: Annotated[int, Field(ge=1, le=2**62)]
+    key: Annotated[str, Field(min_length=1, max_length=200)]  # the fold key on this node
+    signature_id: Annotated[str, Field(min_length=1, max_length=80)]
+    state: FindingState
+    severity: Severity
+    source: FindingSource
+    title: Annotated[str, Field(max_length=200)] = ""
+    gpu_uuid: Annotated[str | None, Field(max_length=80)] = None
+    gpu_index: Annotated[int | None, Field(ge=0, lt=MAX_GPUS_PER_NODE)] = None
+    pci_bus_id: Annotated[str | None, Field(max_length=32)] = None
+    component: Annotated[str | None, Field(max_length=80)] = None  # e.g. "mlx5_0/1"
+    evidence: Annotated[str, Field(max_length=4000)] = ""
+    count: Annotated[int, Field(ge=1, le=2**53)] = 1
+    first_seen: dt.datetime
+    last_seen: dt.datetime
+
+
+class FindingBatch(_Wire):
+    """Finding changes in the order they happened (increasing ``seq``)."""
+
+    identity: NodeIdentity | None = None
+    findings: Annotated[list[FindingReport], Field(min_length=1, max_length=MAX_REPORTS_PER_BATCH)]
+
+
+class FindingAck(_Wire):
+    node_id: str
+    accepted: int
+    duplicates: int
+    last_seq: int  # the highest finding seq the server holds for this node

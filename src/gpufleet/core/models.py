@@ -152,6 +152,9 @@ class Finding(_Domain):
     cluster_id: str
     node_id: str
     gpu_uuid: str | None
+    gpu_index: int | None = None
+    pci_bus_id: str | None = None
+    component: str | None = None
     signature_id: str
     title: str
     severity: Severity

@@ -193,6 +193,7 @@ class NodeRow(_Leased, Base):
     token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     last_report_at: Mapped[dt.datetime | None] = mapped_column(index=True)
     last_report_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_finding_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     provision_requested_at: Mapped[dt.datetime | None]
     provision_attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime]
@@ -228,7 +229,10 @@ class GpuRow(Base):
 
 class FindingRow(Base):
     __tablename__ = "finding"
-    __table_args__ = (Index("ix_finding_node_open", "node_id", "cleared_at"),)
+    __table_args__ = (
+        Index("ix_finding_node_open", "node_id", "cleared_at"),
+        Index("ix_finding_node_key", "node_id", "fold_key"),
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     cluster_id: Mapped[str] = mapped_column(
@@ -236,6 +240,11 @@ class FindingRow(Base):
     )
     node_id: Mapped[str] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"))
     gpu_uuid: Mapped[str | None] = mapped_column(String(80))
+    # The agent's fold key: one open finding per key and node.
+    fold_key: Mapped[str | None] = mapped_column(String(200))
+    gpu_index: Mapped[int | None] = mapped_column(Integer)
+    pci_bus_id: Mapped[str | None] = mapped_column(String(32))
+    component: Mapped[str | None] = mapped_column(String(80))
     signature_id: Mapped[str] = mapped_column(String(80), index=True)
     title: Mapped[str] = mapped_column(String(200))
     severity: Mapped[str] = mapped_column(String(16))
