@@ -22,18 +22,43 @@ T = dt.datetime(2024, 3, 5, 10, 12, 1)
         ("[ 1234.567890 <    0.000010>] ", None, 1234.56789, None),
         ("[Tue Mar  5 10:12:01 2024] ", T, None, None),
         ("[Sun Feb 23 16:24:18 2025] ", dt.datetime(2025, 2, 23, 16, 24, 18), None, None),
-        ("2024-03-05T10:12:01.123456+0000 gpu-7 kernel: ", T.replace(microsecond=123456, tzinfo=UTC), None, "gpu-7"),
+        (
+            "2024-03-05T10:12:01.123456+0000 gpu-7 kernel: ",
+            T.replace(microsecond=123456, tzinfo=UTC),
+            None,
+            "gpu-7",
+        ),
         ("2024-03-05T10:12:01+00:00 gpu-7 kernel: ", T.replace(tzinfo=UTC), None, "gpu-7"),
-        ("2024-03-05T10:12:01.123456789+00:00 gpu-7 kernel: ", T.replace(microsecond=123456, tzinfo=UTC), None, "gpu-7"),
+        (
+            "2024-03-05T10:12:01.123456789+00:00 gpu-7 kernel: ",
+            T.replace(microsecond=123456, tzinfo=UTC),
+            None,
+            "gpu-7",
+        ),
         ("Mar 05 10:12:01 gpu-7 kernel: ", T, None, "gpu-7"),
         ("Mar  5 10:12:01 gpu-7 kernel: ", T, None, "gpu-7"),
         ("<4>Mar  5 10:12:01 gpu-7 kernel[0]: ", T, None, "gpu-7"),
-        ("Mar  5 10:12:01 gpu-7.example.com kernel: [ 1234.567890] ", T, 1234.56789, "gpu-7.example.com"),
+        (
+            "Mar  5 10:12:01 gpu-7.example.com kernel: [ 1234.567890] ",
+            T,
+            1234.56789,
+            "gpu-7.example.com",
+        ),
         ("<4>1 2024-03-05T10:12:01.000Z gpu-7 kernel - - - ", T.replace(tzinfo=UTC), None, "gpu-7"),
-        ('<4>1 2024-03-05T10:12:01Z gpu-7 kernel - - [meta seq="1"] ', T.replace(tzinfo=UTC), None, "gpu-7"),
+        (
+            '<4>1 2024-03-05T10:12:01Z gpu-7 kernel - - [meta seq="1"] ',
+            T.replace(tzinfo=UTC),
+            None,
+            "gpu-7",
+        ),
         ("Tue 2024-03-05 10:12:01 UTC gpu-7 kernel: ", T.replace(tzinfo=UTC), None, "gpu-7"),
         ("[ 1234.567890] gpu-7 kernel: ", None, 1234.56789, "gpu-7"),
-        ("kern  :warn  : 2025-01-21T04:41:44,283575+00:00 ", dt.datetime(2025, 1, 21, 4, 41, 44, 283575, tzinfo=UTC), None, None),
+        (
+            "kern  :warn  : 2025-01-21T04:41:44,283575+00:00 ",
+            dt.datetime(2025, 1, 21, 4, 41, 44, 283575, tzinfo=UTC),
+            None,
+            None,
+        ),
         ("kern  :err   : [ 1234.567890] ", None, 1234.56789, None),
         ("kern  :err   : [Tue Mar  5 10:12:01 2024] ", T, None, None),
         ("4,1234,1234567890,-;", None, 1234.56789, None),
@@ -46,7 +71,9 @@ def test_prefix_is_stripped(
     parsed = parse_line(prefix + MSG + "\n", year=2024)
     assert parsed.message == MSG
     assert parsed.timestamp == timestamp
-    assert parsed.uptime_s == pytest.approx(uptime) if uptime is not None else parsed.uptime_s is None
+    assert (
+        parsed.uptime_s == pytest.approx(uptime) if uptime is not None else parsed.uptime_s is None
+    )
     assert parsed.host == host
 
 
@@ -66,7 +93,7 @@ def test_levels_from_dmesg_x_and_kmsg() -> None:
     "message",
     [
         "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up",
-        "pci 0000:04:00.0: 252.048 Gb/s available PCIe bandwidth, limited by 16.0 GT/s PCIe x16 link",
+        "pci 0000:04:00.0: 252.048 Gb/s available PCIe bandwidth, limited by 16.0 GT/s PCIe x16",
         "mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link DOWN",
         "pt_main_thread[2536443]: segfault at 7f797fe00000 ip 00007f7c7ac69996",
         "[ERROR] [tid 841] detected NVSwitch fatal error 20034",

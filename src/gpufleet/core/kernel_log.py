@@ -45,7 +45,8 @@ _DMESG_X = re.compile(r"(?P<fac>[a-z]{2,8})\s*:(?P<lvl>[a-z]{3,6})\s*:\s")
 _BRACKET_MONO = re.compile(r"\[\s*(?P<mono>\d+\.\d+)(?:\s*<[^>]*>)?\]\s?")
 _BRACKET_CTIME = re.compile(
     r"\[(?:[A-Z][a-z]{2} )?(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) "
-    r"(?P<time>\d{2}:\d{2}:\d{2})(?: (?P<year>\d{4}))?\]\s?"
+    # Fabric Manager writes the year before the time: ``[Jul 23 2024 07:53:55]``.
+    r"(?:(?P<fmyear>\d{4}) )?(?P<time>\d{2}:\d{2}:\d{2})(?: (?P<year>\d{4}))?\]\s?"
 )
 _RFC5424 = re.compile(
     r"(?:<\d{1,3}>)?1 " + _ISO + r" " + _HOST + r" (?P<tag>\S+) \S+ \S+ (?:-|(?:\[.*?\])+)\s?"
@@ -127,7 +128,8 @@ def parse_line(line: str, *, year: int | None = None) -> LogLine:
             elif m := _BRACKET_MONO.match(text):
                 uptime = float(m["mono"])
             elif m := _BRACKET_CTIME.match(text):
-                timestamp = _ctime(m["mon"], m["day"], m["time"], _year(m["year"], year))
+                found = m["year"] or m["fmyear"]
+                timestamp = _ctime(m["mon"], m["day"], m["time"], _year(found, year))
             else:
                 break
         elif first.isdigit():

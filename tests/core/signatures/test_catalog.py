@@ -26,19 +26,80 @@ if not REFERENCE.exists():  # the shared checkout sits next to the repo, or at /
 # Xid rows of the reference's main table (§1.3) and the Xids its "rows not shown" list
 # names, copied here so the test does not depend on the shared checkout being present.
 REFERENCE_TABLE_XIDS = {
-    8, 13, 31, 32, 38, 43, 45, 46, 48, 54, 56, 57, 58, 61, 62, 63, 64, 68, 69, 74, 79, 92,
-    94, 95, 109, 110, 119, 120, 121, 136, 137, 140, 143, 144, 145, 146, 147, 148, 149, 150,
-    151, 154, 155, 156, 157, 158, 159, 160, 161, 162, 163, 164, 165, 166, 167, 168, 169,
-    170, 171, 172,
-}  # fmt: skip
+    8,
+    13,
+    31,
+    32,
+    38,
+    43,
+    45,
+    46,
+    48,
+    54,
+    56,
+    57,
+    58,
+    61,
+    62,
+    63,
+    64,
+    68,
+    69,
+    74,
+    79,
+    92,
+    94,
+    95,
+    109,
+    110,
+    119,
+    120,
+    121,
+    136,
+    137,
+    140,
+    143,
+    144,
+    145,
+    146,
+    147,
+    148,
+    149,
+    150,
+    151,
+    154,
+    155,
+    156,
+    157,
+    158,
+    159,
+    160,
+    161,
+    162,
+    163,
+    164,
+    165,
+    166,
+    167,
+    168,
+    169,
+    170,
+    171,
+    172,
+}
 
 
 def test_catalog_loads_and_is_not_trivial() -> None:
     catalog = get_catalog()
     assert catalog is get_catalog()  # loaded once
     assert len(catalog.signatures) > 100
-    for source in (FindingSource.KERNEL_LOG, FindingSource.NVML, FindingSource.INFINIBAND,
-                   FindingSource.SCHEDULER, FindingSource.AGENT):  # fmt: skip
+    for source in (
+        FindingSource.KERNEL_LOG,
+        FindingSource.NVML,
+        FindingSource.INFINIBAND,
+        FindingSource.SCHEDULER,
+        FindingSource.AGENT,
+    ):
         assert catalog.by_source(source), source
 
 
@@ -62,8 +123,11 @@ def test_every_xid_from_1_to_172_is_covered() -> None:
 
 @pytest.mark.skipif(not REFERENCE.exists(), reason="shared/reference not checked out")
 def test_nvidia_buckets_match_the_reference_table() -> None:
-    rows = re.findall(r"^\| (\d+) \| ([A-Z0-9_ /]+?) \| [^|]* \| ([^|]*?) \| ([^|]*?) \|",
-                      REFERENCE.read_text(encoding="utf-8"), flags=re.M)  # fmt: skip
+    rows = re.findall(
+        r"^\| (\d+) \| ([A-Z0-9_ /]+?) \| [^|]* \| ([^|]*?) \| ([^|]*?) \|",
+        REFERENCE.read_text(encoding="utf-8"),
+        flags=re.M,
+    )
     assert len(rows) >= len(REFERENCE_TABLE_XIDS)
     for xid, _mnemonic, immediate, investigatory in rows:
         sig = get_signature_for_xid(int(xid))
@@ -75,12 +139,30 @@ def test_nvidia_buckets_match_the_reference_table() -> None:
 
 
 def test_required_signatures_exist() -> None:
-    for sig_id in ("xid-79", "xid-48", "gpu-fallen-off-bus", "gpu-fallen-off-bus-probe",
-                   "thermal-slowdown", "hw-slowdown", "power-brake", "ecc-dbe", "ecc-sbe-rate",
-                   "row-remap-pending", "row-remap-failure", "pcie-replay-rate",
-                   "nvlink-error-counters", "ib-link-down", "ib-link-flap", "ib-rate-downgrade",
-                   "ib-symbol-error-rate", "gpu-missing", "slurm-foreign-drain",
-                   "slurm-foreign-down", "nvml-init-failed", "sxid-fatal"):  # fmt: skip
+    for sig_id in (
+        "xid-79",
+        "xid-48",
+        "gpu-fallen-off-bus",
+        "gpu-fallen-off-bus-probe",
+        "thermal-slowdown",
+        "hw-slowdown",
+        "power-brake",
+        "ecc-dbe",
+        "ecc-sbe-rate",
+        "row-remap-pending",
+        "row-remap-failure",
+        "pcie-replay-rate",
+        "nvlink-error-counters",
+        "ib-link-down",
+        "ib-link-flap",
+        "ib-rate-downgrade",
+        "ib-symbol-error-rate",
+        "gpu-missing",
+        "slurm-foreign-drain",
+        "slurm-foreign-down",
+        "nvml-init-failed",
+        "sxid-fatal",
+    ):
         assert get_signature(sig_id) is not None, sig_id
 
 
@@ -101,10 +183,15 @@ def test_the_packaged_file_is_plain_toml() -> None:
 
 def _minimal(**entry: object) -> str:
     base = {
-        "id": "x-1", "title": "Test entry", "category": "driver", "severity": "warning",
-        "source": "kernel-log", "action": "reboot", "reference": "test",
+        "id": "x-1",
+        "title": "Test entry",
+        "category": "driver",
+        "severity": "warning",
+        "source": "kernel-log",
+        "action": "reboot",
+        "reference": "test",
         "match": '{ pattern = "NVRM: boom", prefilter = ["NVRM"] }',
-    }  # fmt: skip
+    }
     base.update(entry)
     body = "\n".join(
         f"{k} = {v}" if k == "match" or str(v).startswith("{") else f'{k} = "{v}"'
@@ -125,12 +212,21 @@ def test_a_minimal_catalog_loads() -> None:
         ({"id": "Bad Id"}, "id"),
         ({"match": '{ pattern = "NVRM: (", prefilter = ["NVRM"] }'}, "invalid regex"),
         ({"match": '{ pattern = "x", prefilter = [] }'}, "prefilter"),
-        ({"match": '{ kind = "metric", field = "gpu_tempp", op = ">", value = 1 }',
-          "source": "nvml"}, "unknown metric field"),  # fmt: skip
-        ({"match": '{ kind = "state", condition = "moon_phase" }', "source": "agent"},
-         "unknown condition"),  # fmt: skip
-        ({"escalation": '{ repeat = 2, within_s = 60, then = "restart_workload" }'},
-         "more drastic"),  # fmt: skip
+        (
+            {
+                "match": '{ kind = "metric", field = "gpu_tempp", op = ">", value = 1 }',
+                "source": "nvml",
+            },
+            "unknown metric field",
+        ),
+        (
+            {"match": '{ kind = "state", condition = "moon_phase" }', "source": "agent"},
+            "unknown condition",
+        ),
+        (
+            {"escalation": '{ repeat = 2, within_s = 60, then = "restart_workload" }'},
+            "more drastic",
+        ),
         ({"source": "nvml"}, "kernel-log"),
     ],
 )

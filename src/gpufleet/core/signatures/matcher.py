@@ -19,10 +19,9 @@ import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cache
 
 from gpufleet.core.enums import RepairAction, Severity
-from gpufleet.core.kernel_log import parse_line
+from gpufleet.core.kernel_log import LogLine, parse_line
 from gpufleet.core.signatures.catalog import get_catalog
 from gpufleet.core.signatures.models import Catalog, KernelLogRule, Signature
 
@@ -105,8 +104,9 @@ class _Group:
 
     def pick(self, m: re.Match[str], message: str) -> _Rule | None:
         if self.code_group is not None and (self.by_code or self.fallbacks):
-            code = int(m[self.code_group])
-            for rule in (*self.by_code.get(code, ()), *self.fallbacks):
+            code = int(str(m[self.code_group]))
+            candidates: list[_Rule] = self.by_code.get(code, [])
+            for rule in [*candidates, *self.fallbacks]:
                 if rule.accepts(message):
                     return rule
         for rule in self.plain:
@@ -190,17 +190,17 @@ class _Program:
         return out
 
 
-@cache
-def _program_for(catalog: Catalog) -> _Program:
-    return _Program(catalog)
+# Compiled programs by catalog identity. The catalog is kept alongside so its id cannot
+# be reused by another object while the entry exists (catalogs hold dicts: unhashable).
+_programs: dict[int, tuple[Catalog, _Program]] = {}
 
 
 def _program(catalog: Catalog | None) -> _Program:
-    # Catalog models are frozen but hold dicts, so cache by identity via a wrapper.
-    return _programs.setdefault(id(catalog or get_catalog()), _Program(catalog or get_catalog()))
-
-
-_programs: dict[int, _Program] = {}
+    cat = catalog if catalog is not None else get_catalog()
+    hit = _programs.get(id(cat))
+    if hit is None:
+        hit = _programs[id(cat)] = (cat, _Program(cat))
+    return hit[1]
 
 
 class KernelLogMatcher:
@@ -241,9 +241,12 @@ class KernelLogMatcher:
         out: list[Match] = []
         if self._pending:
             self._continue(line, message, out)
-        if "GPU at PCI:" in message and (u := _UUID_LINE.search(message)):
-            if pci := normalize_pci(u[1]):
-                self._uuids[pci] = u[2]
+        if (
+            "GPU at PCI:" in message
+            and (u := _UUID_LINE.search(message))
+            and (pci := normalize_pci(u[1]))
+        ):
+            self._uuids[pci] = u[2]
         for target in targets:
             if isinstance(target, _MultiRule):
                 if not target.start.search(message):
@@ -305,7 +308,9 @@ class KernelLogMatcher:
             if full := p.multi.full.search(joined):
                 parsed = parse_line(p.raws[0], year=self._year)
                 out.append(
-                    self._match(p.multi.rule, full, joined, "\n".join(p.raws), parsed, p.line_number)
+                    self._match(
+                        p.multi.rule, full, joined, "\n".join(p.raws), parsed, p.line_number
+                    )
                 )
             elif p.remaining > 1:
                 p.remaining -= 1
@@ -318,14 +323,12 @@ class KernelLogMatcher:
         m: re.Match[str],
         message: str,
         raw: str,
-        parsed: object,
+        stamp: LogLine,
         line_number: int | None,
     ) -> Match:
         groups = m.re.groupindex
         pci = normalize_pci(m["pci"]) if "pci" in groups else None
         severity, action = rule.verdict(message)
-        stamp = parse_line(raw.split("\n", 1)[0], year=self._year) if parsed is None else parsed
-        assert hasattr(stamp, "timestamp")  # noqa: S101 - a LogLine, typed loosely for mypy
         return Match(
             signature=rule.sig.id,
             title=rule.sig.title,

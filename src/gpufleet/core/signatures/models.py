@@ -327,7 +327,7 @@ class Catalog(_Frozen):
                 claimed[key] = sig.id
         return self
 
-    def model_post_init(self, context: object, /) -> None:
+    def model_post_init(self, context: object, /) -> None:  # noqa: ARG002 - pydantic hook
         self._by_id.update({s.id: s for s in self.signatures})
         for sig in self.signatures:
             rule = sig.match
@@ -338,7 +338,7 @@ class Catalog(_Frozen):
     def pattern_of(self, rule: KernelLogRule) -> str:
         if rule.pattern is not None:
             return rule.pattern
-        assert rule.pattern_ref is not None  # noqa: S101 - guaranteed by KernelLogRule
+        assert rule.pattern_ref is not None  # guaranteed by KernelLogRule's validator
         return self.patterns[rule.pattern_ref]
 
     def get(self, signature_id: str) -> Signature | None:
