@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
@@ -22,6 +23,7 @@ from gpufleet.server.routers import (
     agent,
     clusters,
     events,
+    faults,
     findings,
     health,
     nodes,
@@ -111,14 +113,37 @@ def create_app(
         redoc_url=None,
     )
     app.state.ctx = ctx
+    _hoist_body_defs(app)
     install_error_handlers(app)
     api = APIRouter(prefix="/api/v1")
-    for module in (projects, tokens, clusters, nodes, events, findings, health, agent):
+    for module in (projects, tokens, clusters, nodes, faults, events, findings, health, agent):
         api.include_router(module.router)
     app.include_router(probes.router)
     app.include_router(api)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
+
+
+def _hoist_body_defs(app: FastAPI) -> None:
+    """Routes that parse their own body (``routers/agent.py``) declare its schema with
+    ``$defs``; move those into ``components.schemas`` where their ``$ref``s point."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                content = operation.get("requestBody", {}).get("content", {})
+                for media in content.values():
+                    for name, definition in media.get("schema", {}).pop("$defs", {}).items():
+                        components.setdefault(name, definition)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def build_loops(ctx: AppContext) -> list[LoopService]:

@@ -11,7 +11,7 @@ from gpufleet.server.context import AppContext
 from gpufleet.server.services.auth import Caller, resolve_caller
 
 
-def get_ctx(request: Request) -> AppContext:
+async def get_ctx(request: Request) -> AppContext:  # async: no threadpool hop per request
     ctx: AppContext = request.app.state.ctx
     return ctx
 
@@ -19,7 +19,7 @@ def get_ctx(request: Request) -> AppContext:
 CtxDep = Annotated[AppContext, Depends(get_ctx)]
 
 
-def bearer_token(request: Request) -> str:
+def bearer_token(request: Request) -> str:  # called directly, not as a dependency
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():

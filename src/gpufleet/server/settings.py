@@ -84,6 +84,17 @@ class ServerSettings(BaseSettings):
     sim_failure_rate: float = Field(
         default=0.0, ge=0, le=1, description="Share of simulated provisioning attempts that fail."
     )
+    sim_fault_rate_per_gpu_day: float = Field(
+        default=0.0005,
+        ge=0,
+        le=1000,
+        description=(
+            "Background faults in the simulated fleet, per GPU per day. 0.0005 (0.5 per "
+            "1,000 GPU-days) is the published fleet rate (Llama 3: 0.47; Meta RSC clusters "
+            "0.29-0.81; performance-anchors.md §1.4), so a realistic demo sees almost none; "
+            "raise it to watch faults arrive: 2 gives the 128-GPU demo one every ~5 minutes."
+        ),
+    )
     announce_bootstrap_token: bool = Field(
         default=True,
         description="Print the bootstrap token on first start (the demo prints its own).",

@@ -10,6 +10,7 @@ from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.schedulers.sim.driver import SimScheduler
 from gpufleet.server.settings import ServerSettings
 from gpufleet.sim.agents import SimFleetRunner
+from gpufleet.sim.faults import FaultConfig
 from gpufleet.sim.world import SimWorld
 
 WORLD_FILE = "sim-world.json"
@@ -26,7 +27,11 @@ class SimBundle:
 def build_sim(settings: ServerSettings, *, clock: Clock) -> SimBundle:
     """One world per data dir; it survives restarts like a real cloud would."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    world = SimWorld(settings.data_dir / WORLD_FILE, clock=clock)
+    world = SimWorld(
+        settings.data_dir / WORLD_FILE,
+        clock=clock,
+        faults=FaultConfig(rate_per_gpu_day=settings.sim_fault_rate_per_gpu_day),
+    )
     provider = SimProvider(
         world,
         config=SimProviderConfig(

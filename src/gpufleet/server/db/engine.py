@@ -38,7 +38,9 @@ class Database:
                 Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"timeout": 30}
         else:
-            kwargs.update(pool_size=10, max_overflow=10, pool_pre_ping=True)
+            # No pre-ping: it costs a round trip per checkout on the hot ingest path; stale
+            # connections are recycled instead and a failed group is retried by the writer.
+            kwargs.update(pool_size=10, max_overflow=10, pool_recycle=300)
         self.engine = create_async_engine(url, **kwargs)
         if self.is_sqlite:
             _configure_sqlite(self.engine.sync_engine)
