@@ -1,0 +1,140 @@
+"""``run_agent(settings)``: build the collectors, the spool and the sender, then run.
+
+SIGTERM and SIGINT stop it cleanly: loops are cancelled, NVML is shut down, and the
+spool already holds everything unsent (it is written before anything is sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from gpufleet.agent.collectors.base import Collector, EventSource
+from gpufleet.agent.collectors.infiniband import InfinibandCollector
+from gpufleet.agent.collectors.kmsg import KernelLogFollower, make_source
+from gpufleet.agent.collectors.nvml import NvmlCollector
+from gpufleet.agent.collectors.sim import SimCollector
+from gpufleet.agent.collectors.slurm import SlurmCollector
+from gpufleet.agent.detectors import Detector
+from gpufleet.agent.exporter import serve
+from gpufleet.agent.runtime import Agent
+from gpufleet.agent.sender import Sender, SendStatus
+from gpufleet.agent.settings import AgentSettings
+from gpufleet.agent.spool import Spool
+from gpufleet.client.agent import AgentClient
+from gpufleet.core.agent_protocol import NodeIdentity
+from gpufleet.core.clock import Clock, SystemClock
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+KNOWN_COLLECTORS = frozenset({"nvml", "kmsg", "infiniband", "slurm", "sim"})
+
+
+def build_collectors(settings: AgentSettings) -> tuple[list[Collector], list[EventSource]]:
+    unknown = set(settings.collectors) - KNOWN_COLLECTORS
+    if unknown:
+        raise ValueError(f"unknown collectors {sorted(unknown)}; known: {sorted(KNOWN_COLLECTORS)}")
+    collectors: list[Collector] = []
+    sources: list[EventSource] = []
+    wanted = set(settings.collectors)
+    if "nvml" in wanted:
+        nvml = NvmlCollector(expected_gpus=settings.expected_gpus)
+        collectors.append(nvml)
+        sources.append(nvml)
+    if "sim" in wanted:
+        collectors.append(SimCollector(gpus=settings.sim_gpus))
+    if "infiniband" in wanted:
+        collectors.append(
+            InfinibandCollector(root=settings.infiniband_root, exclude=settings.infiniband_exclude)
+        )
+    if "slurm" in wanted:
+        collectors.append(SlurmCollector(hostname=settings.hostname))
+    if "kmsg" in wanted:
+        reader = make_source(settings.kernel_log, state_dir=settings.state_dir)
+        if reader is not None:
+            sources.append(KernelLogFollower(reader))
+    return collectors, sources
+
+
+def node_serial() -> str | None:
+    try:
+        text = Path("/sys/class/dmi/id/product_serial").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None  # root-only on most systems; the server matches on hostname then
+    return text[:120] or None
+
+
+def build_agent(
+    settings: AgentSettings,
+    *,
+    client: AgentClient,
+    collectors: list[Collector],
+    sources: list[EventSource],
+    clock: Clock | None = None,
+) -> Agent:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    spool = Spool(settings.state_dir, metrics_limit_bytes=int(settings.spool_metrics_mb * 2**20))
+    status = SendStatus(report_interval_s=settings.report_interval_s)
+    identity = NodeIdentity(
+        hostname=settings.hostname, serial=node_serial(), agent_version=AGENT_VERSION
+    )
+    sender = Sender(
+        client,
+        spool,
+        identity=identity,
+        retry_initial_s=settings.retry_initial_s,
+        retry_max_s=settings.retry_max_s,
+        status=status,
+    )
+    return Agent(
+        collectors=collectors,
+        sources=sources,
+        detector=Detector(),
+        spool=spool,
+        sender=sender,
+        status=status,
+        clock=clock or SystemClock(),
+        state_dir=settings.state_dir,
+        sample_interval_s=settings.sample_interval_s,
+    )
+
+
+async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    collectors, sources = build_collectors(settings)
+    client = AgentClient(
+        base_url=settings.server_url,
+        node_token=settings.read_token(),
+        timeout_s=settings.request_timeout_s,
+    )
+    agent = build_agent(settings, client=client, collectors=collectors, sources=sources)
+    server = None
+    if settings.metrics_listen:
+        server = await serve(agent, listen=settings.metrics_listen, hostname=settings.hostname)
+    log.info(
+        "gpufleet agent %s for %s → %s (collectors: %s)",
+        AGENT_VERSION,
+        settings.hostname,
+        settings.server_url,
+        ", ".join(c.name for c in collectors) or "none",
+    )
+    try:
+        await agent.run(stop)
+    finally:
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+        await client.aclose()
+        agent.spool.close()
+        log.info("gpufleet agent stopped")
+
+
+def run_agent(settings: AgentSettings) -> None:
+    """Run until SIGTERM/SIGINT."""
+    asyncio.run(run_agent_async(settings))

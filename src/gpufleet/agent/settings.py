@@ -1,0 +1,142 @@
+"""Agent settings: one typed object, read from ``GPUFLEET_AGENT_*`` environment variables.
+
+Passed into ``run_agent(settings)``; nothing reads it as a module global.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_LOG_SOURCE = re.compile(r"^(auto|kmsg|journal|none|file:.+)$")
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GPUFLEET_AGENT_", extra="ignore")
+
+    server_url: str = Field(
+        default="http://127.0.0.1:8080",
+        description="Base URL of the gpufleet server (the server's public_url).",
+    )
+    node_token: SecretStr | None = Field(
+        default=None,
+        description="This node's token. Prefer node_token_file: env vars leak into ps/proc.",
+    )
+    node_token_file: Path | None = Field(
+        default=None,
+        description="File holding the node token (a Kubernetes Secret mount, a 0600 file).",
+    )
+    hostname: str = Field(
+        default_factory=socket.gethostname,
+        description="Name this node reports; the hostname, so it matches Slurm and k8s.",
+    )
+    state_dir: Path = Field(
+        default=Path("/var/lib/gpufleet-agent"),
+        description=(
+            "Spool and kernel-log offsets. Must survive agent restarts (and ideally reboots) "
+            "so no finding is lost and no log line is reported twice."
+        ),
+    )
+    sample_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Seconds between collector samples. 1 s: an NVML read of 8 GPUs costs ~1 ms, so "
+            "1 Hz keeps detection latency near a second at well under 0.5 % of one core."
+        ),
+    )
+    report_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds between metrics batches: the server's default, so 2,000 nodes stay "
+            "within one server process. Findings do not wait for it: they go at once."
+        ),
+    )
+    expected_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="GPUs this node should have; fewer visible to NVML is a finding.",
+    )
+    collectors: tuple[str, ...] = Field(
+        default=("nvml", "kmsg", "infiniband", "slurm"),
+        description="Collectors to run (nvml, kmsg, infiniband, slurm, sim).",
+    )
+    kernel_log: str = Field(
+        default="auto",
+        description=(
+            "Kernel log source: auto (/dev/kmsg if readable, else journald), kmsg, journal, "
+            "file:PATH (a syslog file; follows rotation) or none."
+        ),
+    )
+    infiniband_root: Path = Field(
+        default=Path("/sys/class/infiniband"),
+        description="sysfs root of the IB devices; configurable for tests and containers.",
+    )
+    infiniband_exclude: tuple[str, ...] = Field(
+        default=(),
+        description="IB devices to skip (restricted PFs on DGX/GB200 spam ACCESS_REG errors).",
+    )
+    sim_gpus: int = Field(
+        default=8, ge=0, le=64, description="GPUs the sim collector pretends to have."
+    )
+    spool_metrics_mb: float = Field(
+        default=32.0,
+        gt=0,
+        description=(
+            "Disk budget for unsent metrics, MB; oldest dropped first. 32 MB holds about "
+            "a day of 10 s reports from 8 GPUs: an outage longer than that loses old metrics."
+        ),
+    )
+    spool_findings_warn_mb: float = Field(
+        default=64.0,
+        gt=0,
+        description=(
+            "Unsent findings are never dropped; past this size the agent logs a warning "
+            "each cycle so an operator notices a server that has been gone for days."
+        ),
+    )
+    metrics_listen: str | None = Field(
+        default="127.0.0.1:9404",
+        description=(
+            "host:port of the Prometheus /metrics endpoint, or unset for none. Loopback by "
+            "default: expose it deliberately (0.0.0.0:9404) where Prometheus scrapes nodes."
+        ),
+    )
+    retry_initial_s: float = Field(
+        default=1.0, gt=0, description="First retry delay while the server is unreachable."
+    )
+    retry_max_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Backoff cap: a returning server sees the node again within 30 s.",
+    )
+    request_timeout_s: float = Field(
+        default=10.0, gt=0, description="HTTP timeout per request to the server."
+    )
+
+    @field_validator("kernel_log")
+    @classmethod
+    def _log_source(cls, value: str) -> str:
+        if not _LOG_SOURCE.match(value):
+            raise ValueError("kernel_log must be auto, kmsg, journal, none or file:PATH")
+        return value
+
+    @model_validator(mode="after")
+    def _backoff(self) -> AgentSettings:
+        if self.retry_max_s < self.retry_initial_s:
+            raise ValueError("retry_max_s must be >= retry_initial_s")
+        return self
+
+    def read_token(self) -> str:
+        """The node token from the setting or its file. Raises ``ValueError`` if neither."""
+        if self.node_token is not None:
+            return self.node_token.get_secret_value()
+        if self.node_token_file is not None:
+            return self.node_token_file.read_text(encoding="utf-8").strip()
+        raise ValueError("set GPUFLEET_AGENT_NODE_TOKEN_FILE (or GPUFLEET_AGENT_NODE_TOKEN)")
