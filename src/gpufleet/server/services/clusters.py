@@ -32,6 +32,7 @@ from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.nodes import effective_health
 from gpufleet.server.services.projects import get_project_row_or_error
+from gpufleet.server.services.transitions import Change, record_transition
 
 
 def node_name(cluster_name: str, slot: int) -> str:
@@ -310,24 +311,22 @@ def switch_cluster_status(
     cluster.updated_at = now
     if target is ClusterStatus.DELETED:
         cluster.deleted_at = now
-    record_event(
+    record_transition(
         session,
+        change=Change(
+            entity="cluster",
+            object_id=cluster.id,
+            name=cluster.name,
+            project_id=cluster.project_id,
+            cluster_id=cluster.id,
+            node_id=None,
+            old=current.value,
+            new=target.value,
+        ),
         kind=EventKind.CLUSTER_STATUS,
-        message=f"cluster {cluster.name}: {current.value} → {target.value}: {reason}",
-        project_id=cluster.project_id,
-        cluster_id=cluster.id,
         actor=actor,
-        data={"from": current.value, "to": target.value, "reason": reason},
-        ts=now,
-    )
-    record_audit(
-        session,
-        actor=actor,
-        action="cluster.status",
-        object_type="cluster",
-        object_id=cluster.id,
-        project_id=cluster.project_id,
+        reason=reason,
+        now=now,
         source_ip=source_ip,
-        detail={"from": current.value, "to": target.value, "reason": reason},
     )
     return True

@@ -17,9 +17,8 @@ from gpufleet.core.models import Gpu, Node, Page
 from gpufleet.core.rbac import Permission
 from gpufleet.core.transitions import NODE_TRANSITIONS, check_transition
 from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
-from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller
-from gpufleet.server.services.events import record_event
+from gpufleet.server.services.transitions import Change, record_transition
 
 # States in which a node is expected to report; elsewhere silence is not news.
 REPORTING_STATES = frozenset(
@@ -216,24 +215,21 @@ def switch_node_state(
     node.updated_at = now
     if target is NodeState.REMOVED:
         node.removed_at = now
-    record_event(
+    record_transition(
         session,
+        change=Change(
+            entity="node",
+            object_id=node.id,
+            name=node.name,
+            project_id=project_id,
+            cluster_id=node.cluster_id,
+            node_id=node.id,
+            old=current.value,
+            new=target.value,
+        ),
         kind=EventKind.NODE_STATE,
-        message=f"node {node.name}: {current.value} → {target.value}: {reason}",
-        project_id=project_id,
-        cluster_id=node.cluster_id,
-        node_id=node.id,
         actor=actor,
-        data={"from": current.value, "to": target.value, "reason": reason},
-        ts=now,
-    )
-    record_audit(
-        session,
-        actor=actor,
-        action="node.state",
-        object_type="node",
-        object_id=node.id,
-        project_id=project_id,
-        detail={"from": current.value, "to": target.value, "reason": reason},
+        reason=reason,
+        now=now,
     )
     return True
