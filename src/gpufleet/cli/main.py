@@ -8,7 +8,19 @@ import typer
 from rich.text import Text
 from typer.core import TyperGroup
 
-from gpufleet.cli import auth, clusters, events, nodes, projects, scan, server, tokens
+from gpufleet.cli import (
+    agent,
+    auth,
+    clusters,
+    events,
+    findings,
+    inject,
+    nodes,
+    projects,
+    scan,
+    server,
+    tokens,
+)
 from gpufleet.cli.config import ENV_TOKEN, ENV_URL, GlobalOptions
 from gpufleet.cli.errors import CliError, describe
 from gpufleet.cli.output import stderr
@@ -59,10 +71,13 @@ app.add_typer(tokens.app, name="tokens")
 app.add_typer(clusters.app, name="clusters")
 app.add_typer(nodes.app, name="nodes")
 app.command("events")(events.list_events)
+app.command("findings")(findings.list_findings)
+app.command("inject")(inject.inject)
 app.command("scan")(scan.scan)
 # Running the server needs the [server] extra; see cli/server.py.
 app.command("server")(server.server)
 app.command("demo")(server.demo)
+app.command("agent")(agent.agent)
 
 
 def run() -> None:

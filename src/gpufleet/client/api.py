@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -25,6 +26,7 @@ from gpufleet.core.enums import (
     Role,
     SchedulerKind,
 )
+from gpufleet.core.faults import Fault
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import (
@@ -321,6 +323,27 @@ class ApiClient:
     def get_node(self, node_id: str) -> Node:
         """Get one node by id, with its GPUs and their latest sample."""
         return Node.model_validate(self._call("GET", f"{API}/nodes/{node_id}"))
+
+    # -- faults (simulated nodes) ---------------------------------------------------
+    def inject_fault(self, node_id: str, *, signature: str, gpu_index: int | None = None) -> Fault:
+        """Make a sim node fail with a catalog signature; its agent reports it at once."""
+        body = {"signature": signature, "gpu_index": gpu_index}
+        return Fault.model_validate(self._call("POST", f"{API}/nodes/{node_id}/faults", body=body))
+
+    def clear_fault(
+        self, node_id: str, signature: str, *, gpu_index: int | None = None
+    ) -> list[Fault]:
+        """Clear a sim node's open faults of ``signature``; returns those cleared."""
+        data = self._call(
+            "DELETE",
+            f"{API}/nodes/{node_id}/faults/{quote(signature, safe='')}",
+            params={"gpu_index": gpu_index},
+        )
+        return [Fault.model_validate(item) for item in data]
+
+    def list_faults(self, node_id: str) -> list[Fault]:
+        data = self._call("GET", f"{API}/nodes/{node_id}/faults")
+        return [Fault.model_validate(item) for item in data]
 
     # -- events, findings, health ---------------------------------------------------
     def list_events(

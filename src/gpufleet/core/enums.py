@@ -124,5 +124,7 @@ class EventKind(StrEnum):
     NODE_GPUS_CHANGED = "node.gpus_changed"
     FINDING_OPENED = "finding.opened"
     FINDING_CLEARED = "finding.cleared"
+    FAULT_INJECTED = "fault.injected"  # a simulated fault, by hand (gpufleet inject)
+    FAULT_CLEARED = "fault.cleared"
     PROVIDER_ERROR = "provider.error"
     PROJECT_CREATED = "project.created"

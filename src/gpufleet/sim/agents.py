@@ -13,6 +13,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -21,6 +22,8 @@ from gpufleet.client.agent import AgentClient
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.core.agent_protocol import GpuSample, NodeIdentity, NodeReport, ReportBatch
 from gpufleet.core.clock import Clock
+from gpufleet.sim.faults import SimFault, apply_effects
+from gpufleet.sim.findings import FindingSender, run_sender
 from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance, SimInstanceState
 from gpufleet.sim.telemetry import (
     GpuTelemetry,
@@ -44,6 +47,7 @@ class FleetStats:
     duplicates: int  # reports the server said it already had
     errors: int  # failed sends (unreachable, 5xx, 4xx) and agent crashes
     unauthorized: int  # 401s (a rotated or revoked node token)
+    findings_sent: int = 0  # finding changes the server acknowledged
 
 
 class _Counters:
@@ -53,6 +57,7 @@ class _Counters:
         self.duplicates = 0
         self.errors = 0
         self.unauthorized = 0
+        self.findings = 0
 
 
 class SimFleetRunner:
@@ -78,6 +83,12 @@ class SimFleetRunner:
         self._tasks: dict[AgentKey, asyncio.Task[None]] = {}
         self._busy: frozenset[str] = frozenset()
         self._counters = _Counters()
+        # Per machine, across its reboots: the finding queue, and the event that wakes its
+        # agent the moment a fault changes (set from the world's listener, on any thread).
+        self._senders: dict[str, FindingSender] = {}
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._faults: dict[str, tuple[SimFault, ...]] = {}
+        self._listener: Callable[[str], None] | None = None
 
     def stats(self) -> FleetStats:
         """Counters since this runner started."""
@@ -89,6 +100,7 @@ class SimFleetRunner:
             duplicates=c.duplicates,
             errors=c.errors,
             unauthorized=c.unauthorized,
+            findings_sent=c.findings,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -109,10 +121,14 @@ class SimFleetRunner:
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_connections=64))
             self._own_http = True
+        if self._listener is None:
+            self._listener = self._listen(asyncio.get_running_loop())
+            self._world.add_fault_listener(self._listener)
         # In a thread: advance may rewrite the state file, which must not stall the loop.
         await asyncio.to_thread(self._world.advance)
         # One snapshot per pass, so agents never take the world's lock per report.
         self._busy = self._world.busy_instance_ids()
+        self._faults = self._world.active_faults()
         wanted = {
             (i.instance_id, i.boot_id): i
             for i in self._world.list_instances()
@@ -125,6 +141,10 @@ class SimFleetRunner:
                 if not task.done():
                     task.cancel()
                 del self._tasks[key]
+        live = {i.instance_id for i in self._world.list_instances()}
+        for iid in [i for i in self._senders if i not in live]:
+            del self._senders[iid]
+            self._wakes.pop(iid, None)
         for key, instance in wanted.items():
             if key not in self._tasks:
                 self._tasks[key] = asyncio.create_task(
@@ -133,6 +153,9 @@ class SimFleetRunner:
 
     async def aclose(self) -> None:
         """Stop every agent and close the HTTP client if this runner made it."""
+        if self._listener is not None:
+            self._world.remove_fault_listener(self._listener)
+            self._listener = None
         tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
@@ -143,7 +166,73 @@ class SimFleetRunner:
             self._http = None
             self._own_http = False
 
+    def _listen(self, loop: asyncio.AbstractEventLoop) -> Callable[[str], None]:
+        def on_fault(instance_id: str) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody to wake
+                loop.call_soon_threadsafe(self._wake, instance_id)
+
+        return on_fault
+
+    def _wake(self, instance_id: str) -> None:
+        self._wakes.setdefault(instance_id, asyncio.Event()).set()
+
+    def wake(self, instance_id: str) -> None:
+        """Make the machine's agent look at its faults now (the listener does this)."""
+        self._wake(instance_id)
+
     async def _agent(self, instance: SimInstance) -> None:
+        # Findings go out at once, on their own path; metrics keep their own pace.
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._findings(instance))
+            group.create_task(self._reports(instance))
+
+    async def _findings(self, instance: SimInstance) -> None:
+        assert self._http is not None
+        iid = instance.instance_id
+        sender = self._senders.setdefault(iid, FindingSender(iid))
+        wake = self._wakes.setdefault(iid, asyncio.Event())
+        holder = [self._client_for(instance)]
+
+        def faults_of() -> list[SimFault]:
+            faults = self._world.faults_of(iid, include_cleared=True)
+            self._faults[iid] = tuple(f for f in faults if f.active)
+            return faults
+
+        def on_error(exc: Exception) -> None:
+            self._counters.errors += 1
+            if isinstance(exc, ApiError) and exc.status == 401:
+                self._counters.unauthorized += 1
+                fresh = self._world.get_instance(iid)
+                if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
+                    holder[0] = self._client_for(fresh)
+
+        def client() -> AgentClient:
+            return holder[0]
+
+        await run_sender(
+            sender,
+            instance=instance,
+            faults_of=faults_of,
+            now=self._world.clock.now,
+            client=client,
+            wake=wake,
+            resync_s=self._interval_s,
+            on_error=on_error,
+            on_sent=self._count_findings,
+        )
+
+    def _count_findings(self, n: int) -> None:
+        self._counters.findings += n
+
+    def _client_for(self, instance: SimInstance) -> AgentClient:
+        assert self._http is not None
+        return AgentClient(
+            base_url=instance.user_data[USER_DATA_URL],
+            node_token=instance.user_data[USER_DATA_TOKEN],
+            http=self._http,
+        )
+
+    async def _reports(self, instance: SimInstance) -> None:
         assert self._http is not None
         interval = self._interval_s
         # Staggered start: 2,000 agents booted together must not report in one burst.
@@ -159,7 +248,12 @@ class SimFleetRunner:
         identity: NodeIdentity | None = agent.identity()
         while True:
             try:
-                unsent.append(agent.sample(busy=instance.instance_id in self._busy))
+                unsent.append(
+                    agent.sample(
+                        busy=instance.instance_id in self._busy,
+                        faults=self._faults.get(instance.instance_id, ()),
+                    )
+                )
                 batch = ReportBatch(identity=identity, reports=list(unsent))
                 ack = await client.send_reports(batch)
             except asyncio.CancelledError:
@@ -226,7 +320,7 @@ class _SimAgent:
         self._last_seq = seq
         return seq
 
-    def sample(self, *, busy: bool) -> NodeReport:
+    def sample(self, *, busy: bool, faults: Sequence[SimFault] = ()) -> NodeReport:
         now_s = time.monotonic()
         elapsed = 10.0 if self._last_sample_s is None else now_s - self._last_sample_s
         self._last_sample_s = now_s
@@ -237,23 +331,26 @@ class _SimAgent:
         return NodeReport(
             seq=self._next_seq(),
             sampled_at=self._clock.now(),
-            gpus=[
-                GpuSample(
-                    index=gpu.index,
-                    uuid=gpu.uuid,
-                    serial=gpu.serial,
-                    model=self._model.name,
-                    utilization_pct=t.utilization_pct,
-                    memory_used_mib=t.memory_used_mib,
-                    memory_total_mib=t.memory_total_mib,
-                    temperature_c=t.temperature_c,
-                    power_w=t.power_w,
-                    sm_clock_mhz=t.sm_clock_mhz,
-                    ecc_sbe_volatile=t.ecc_sbe_volatile,
-                    ecc_dbe_volatile=t.ecc_dbe_volatile,
-                    ecc_sbe_aggregate=t.ecc_sbe_aggregate,
-                    ecc_dbe_aggregate=t.ecc_dbe_aggregate,
-                )
-                for gpu, t in zip(self._instance.gpus, self._gpus, strict=True)
-            ],
+            gpus=apply_effects(self._samples(), faults),
         )
+
+    def _samples(self) -> list[GpuSample]:
+        return [
+            GpuSample(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                serial=gpu.serial,
+                model=self._model.name,
+                utilization_pct=t.utilization_pct,
+                memory_used_mib=t.memory_used_mib,
+                memory_total_mib=t.memory_total_mib,
+                temperature_c=t.temperature_c,
+                power_w=t.power_w,
+                sm_clock_mhz=t.sm_clock_mhz,
+                ecc_sbe_volatile=t.ecc_sbe_volatile,
+                ecc_dbe_volatile=t.ecc_dbe_volatile,
+                ecc_sbe_aggregate=t.ecc_sbe_aggregate,
+                ecc_dbe_aggregate=t.ecc_dbe_aggregate,
+            )
+            for gpu, t in zip(self._instance.gpus, self._gpus, strict=True)
+        ]

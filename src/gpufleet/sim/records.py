@@ -10,6 +10,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.sim.faults import SimFault
 from gpufleet.sim.models import SimGpu, SimInstance, SimInstanceState, SimJob
 
 
@@ -42,6 +43,7 @@ class InstanceRecord:
     gpus: list[SimGpu]
     boot_id: int = 1
     terminated_at: dt.datetime | None = None
+    faults: list[SimFault] = field(default_factory=list)  # active ones and a few cleared
 
     def state_at(self, now: dt.datetime) -> SimInstanceState:
         # Computed, not stored: the clock alone moves an instance from pending to running,
@@ -99,6 +101,7 @@ class InstanceRecord:
             "gpus": [[g.index, g.uuid, g.serial] for g in self.gpus],
             "boot_id": self.boot_id,
             "terminated_at": _ts(self.terminated_at),
+            "faults": [f.to_json() for f in self.faults],
         }
 
     @classmethod
@@ -119,6 +122,8 @@ class InstanceRecord:
             gpus=[SimGpu(int(i), str(u), str(s)) for i, u, s in raw["gpus"]],
             boot_id=int(raw["boot_id"]),
             terminated_at=_parse_ts(raw.get("terminated_at")),
+            # Files written before faults existed have none.
+            faults=[SimFault.from_json(str(raw["instance_id"]), f) for f in raw.get("faults", [])],
         )
 
 

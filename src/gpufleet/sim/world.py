@@ -12,6 +12,7 @@ import datetime as dt
 import random
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.errors import DriverError
 from gpufleet.core.gpu_models import GPU_MODELS
+from gpufleet.sim import faults as fm
+from gpufleet.sim.faults import FaultConfig, FaultModel
 from gpufleet.sim.models import (
     BootPlan,
     SimGpu,
@@ -31,11 +34,16 @@ from gpufleet.sim.models import (
 from gpufleet.sim.records import InstanceRecord, NodeFlags
 from gpufleet.sim.store import WorldStore
 from gpufleet.sim.workload import NodeKey, Workload, WorkloadConfig
+from gpufleet.sim.world_faults import WorldFaults
 
 RUNNING = SimInstanceState.RUNNING
 
 
-class SimWorld:
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+class SimWorld(WorldFaults):
     """The simulator's whole state. ``path=None`` keeps it in memory only (benchmarks)."""
 
     def __init__(
@@ -45,6 +53,7 @@ class SimWorld:
         clock: Clock | None = None,
         seed: int | None = None,
         workload: WorkloadConfig | None = None,
+        faults: FaultConfig | None = None,
     ) -> None:
         self._store = WorldStore(path) if path is not None else None
         self._clock = clock or SystemClock()
@@ -59,6 +68,8 @@ class SimWorld:
         self._scheduler_available = True
         self._workload = Workload(workload or WorkloadConfig())
         self._changes: list[dict[str, Any]] = []
+        self._fault_model = FaultModel(faults)
+        self._fault_listeners: list[Callable[[str], None]] = []
         if self._store is not None:
             self._open(self._store)
 
@@ -178,8 +189,12 @@ class SimWorld:
                 schedulable.setdefault(record.cluster_id, []).append(
                     (record.node_name, record.gpu_count)
                 )
+            changed = self._step_faults(now)
             if self._workload.step(now=now, rng=self._rng, schedulable=schedulable, alive=alive):
+                changed.add("")
+            if changed:
                 self._save()
+                self._notify(changed - {""})
 
     def node_statuses(self, *, cluster_id: str | None = None) -> list[SimNodeStatus]:
         """Every node with a machine that is not terminated, optionally of one cluster."""
@@ -361,6 +376,10 @@ class SimWorld:
         self._workload.kill_on((record.cluster_id, record.node_name), now)
         record.ready_at = now + dt.timedelta(seconds=self._rng.uniform(*plan.delay_range_s))
         record.boot_id += 1
+        cleared = fm.clear_all(record.faults, now=now)  # a fresh boot: no fault survives it
+        if cleared is not None:
+            record.faults = cleared
+            self._notify({record.instance_id})
         if redraw_failure:
             record.will_fail = self._rng.random() < plan.failure_rate
         self._touch(record)
@@ -436,6 +455,7 @@ class SimWorld:
             "targets": self._workload.targets,
             "scheduler_available": self._scheduler_available,
             "restarts": self._restarts,
+            "faults_drawn_at": _iso(self._fault_model.drawn_at),
         }
 
     def _save(self) -> None:
@@ -483,6 +503,10 @@ class SimWorld:
         self._workload.next_job_id = int(meta["next_job_id"])
         self._workload.targets = {str(k): float(v) for k, v in dict(meta["targets"]).items()}
         self._scheduler_available = bool(meta["scheduler_available"])
+        drawn_at = meta.get("faults_drawn_at")
+        self._fault_model.drawn_at = (
+            None if drawn_at is None else dt.datetime.fromisoformat(drawn_at)
+        )
         # A fresh random stream per restart: replaying the seed's first stream would hand
         # out serials and GPU UUIDs that already exist.
         self._restarts = int(meta["restarts"]) + 1
