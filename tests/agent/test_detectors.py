@@ -146,6 +146,21 @@ def test_restore_keeps_folding_after_restart() -> None:
     assert change.count == 2
 
 
+def test_a_held_back_repeat_survives_a_restart() -> None:
+    clock, det = FakeClock(), Detector(fold_emit_interval_s=10)
+    det.events([xid(48, clock.now())], clock.now())
+    clock.advance(1)
+    assert det.events([xid(48, clock.now())], clock.now()) == []  # held back for folding
+    assert det.unsent_keys() == [f"xid-48@{PCI}"]
+    # The agent dies now; the snapshot names the unsent key, and the restart sends it.
+    again = Detector(fold_emit_interval_s=10)
+    again.restore(det.open_findings(), unsent=det.unsent_keys())
+    clock.advance(10)
+    [change] = again.tick(clock.now())
+    assert change.count == 2
+    assert again.unsent_keys() == []
+
+
 def test_kernel_log_match_gets_the_gpu_from_nvml() -> None:
     clock, det = FakeClock(), Detector()
     det.observe(gpu(utilization_pct=1), clock.now())

@@ -144,13 +144,23 @@ class Detector:
     def open_findings(self) -> list[FindingChange]:
         return [entry.finding for entry in self._open.values()]
 
-    def restore(self, findings: Iterable[FindingChange]) -> None:
-        """Reload the findings open before a restart, so they fold and clear as before."""
+    def unsent_keys(self) -> list[str]:
+        """Open findings with folded repeats not sent yet (they wait for :meth:`tick`)."""
+        return [key for key, entry in self._open.items() if entry.dirty]
+
+    def restore(self, findings: Iterable[FindingChange], *, unsent: Iterable[str] = ()) -> None:
+        """Reload the findings open before a restart, so they fold and clear as before.
+
+        ``unsent``: keys whose folded repeats had not been sent when the agent stopped
+        (their log lines are already behind the checkpoint); the next tick sends them."""
+        waiting = set(unsent)
         for finding in findings:
             sig = self._catalog.get(finding.signature_id)
             if sig is not None:
                 event = isinstance(sig.match, KernelLogRule)
-                self._open[finding.key] = _Open(finding, self._clear_rule(sig, event=event))
+                entry = _Open(finding, self._clear_rule(sig, event=event))
+                entry.dirty = finding.key in waiting
+                self._open[finding.key] = entry
 
     # -- internals -----------------------------------------------------------------
 

@@ -58,7 +58,8 @@ class Agent:
         self.latest: dict[str, Sample] = {}  # by GPU UUID / port, for reports and /metrics
         self._report_seq = 0
         self._errors: dict[str, str] = {}
-        self.detector.restore(load_open_findings(self._snapshot))
+        findings, unsent = load_open_findings(self._snapshot)
+        self.detector.restore(findings, unsent=unsent)
 
     # -- one step each (tests drive these directly) ---------------------------------
 
@@ -79,15 +80,25 @@ class Agent:
         return changes
 
     async def on_events(self, events: list[Event]) -> None:
-        self.submit(self.detector.events(events, self._clock.now()))
+        changes = self.detector.events(events, self._clock.now())
+        if events and not changes:
+            # Repeats folded for a later tick: their lines are checkpointed once we
+            # return, so the snapshot must hold them or a crash would lose the count.
+            self._save_snapshot()
+        self.submit(changes)
 
     def submit(self, changes: list[FindingChange]) -> None:
         """Spool durably, then wake the sender: the server hears of it at once."""
         if not changes:
             return
         self.spool.findings.add(changes)
-        save_open_findings(self._snapshot, self.detector.open_findings())
+        self._save_snapshot()
         self.sender.wake_findings()
+
+    def _save_snapshot(self) -> None:
+        save_open_findings(
+            self._snapshot, self.detector.open_findings(), unsent=self.detector.unsent_keys()
+        )
 
     def report_once(self) -> NodeReport:
         report = NodeReport(
@@ -192,18 +203,27 @@ def gpu_sample(sample: Sample) -> GpuSample:
     )
 
 
-def save_open_findings(path: Path, findings: list[FindingChange]) -> None:
+def save_open_findings(
+    path: Path, findings: list[FindingChange], *, unsent: list[str] | None = None
+) -> None:
+    """``{"open": [finding, ...], "unsent": [key, ...]}``: the open findings and the keys
+    of those with folded repeats not yet sent (spooled by the next tick)."""
+    data = {"open": [f.model_dump(mode="json") for f in findings], "unsent": unsent or []}
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([f.model_dump(mode="json") for f in findings]), encoding="utf-8")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
     os.replace(tmp, path)
 
 
-def load_open_findings(path: Path) -> list[FindingChange]:
+def load_open_findings(path: Path) -> tuple[list[FindingChange], list[str]]:
+    """The open findings and the unsent keys; a bare list is the older format."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return [FindingChange.model_validate(item) for item in data]
+        if isinstance(data, list):
+            data = {"open": data, "unsent": []}
+        findings = [FindingChange.model_validate(item) for item in data["open"]]
+        return findings, [str(key) for key in data.get("unsent", [])]
     except FileNotFoundError:
-        return []
-    except ValueError:
+        return [], []
+    except (ValueError, KeyError, TypeError):
         log.warning("%s is unreadable; starting with no open findings", path)
-        return []
+        return [], []

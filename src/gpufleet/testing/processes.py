@@ -1,7 +1,8 @@
-"""Real server processes for tests that kill and restart them."""
+"""Real server and agent processes for tests that kill and restart them."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -23,7 +24,7 @@ def free_port() -> int:
         return port
 
 
-class ServerProcess:
+class CliProcess:
     """``gpufleet <args>`` in a child process, with its output in a log file."""
 
     def __init__(self, *, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
@@ -43,19 +44,9 @@ class ServerProcess:
         )
         log.close()
 
-    def wait_ready(self, url: str, *, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.output()}")
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks, no flush; the hardest crash there is."""
@@ -73,3 +64,84 @@ class ServerProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class ServerProcess(CliProcess):
+    """``gpufleet server`` (or ``demo``) in a child process."""
+
+    def wait_ready(self, url: str, *, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout_s} s:\n{self.output()}")
+
+
+class AgentProcess(CliProcess):
+    """The real node agent, ``gpufleet agent``, in a child process.
+
+    It follows ``kernel_log`` (a file, as on a node whose kernel log goes to syslog),
+    keeps its spool and log offsets in ``state_dir`` and takes every other setting from
+    ``GPUFLEET_AGENT_*`` in ``env``. Fast retries and a 1 s report interval by default,
+    so tests that take the server away see it come back within a second or two.
+    """
+
+    def __init__(
+        self,
+        *,
+        server_url: str,
+        node_token: str,
+        state_dir: Path,
+        kernel_log: Path,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        token_file = state_dir.parent / f"{state_dir.name}.token"
+        token_file.write_text(node_token + "\n", encoding="utf-8")
+        token_file.chmod(0o600)
+        self.state_dir = state_dir
+        self.kernel_log = kernel_log
+        defaults = {
+            "GPUFLEET_AGENT_SERVER_URL": server_url,
+            "GPUFLEET_AGENT_NODE_TOKEN_FILE": str(token_file),
+            "GPUFLEET_AGENT_STATE_DIR": str(state_dir),
+            "GPUFLEET_AGENT_KERNEL_LOG": f"file:{kernel_log}",
+            "GPUFLEET_AGENT_COLLECTORS": '["sim", "kmsg"]',
+            "GPUFLEET_AGENT_METRICS_LISTEN": "",
+            "GPUFLEET_AGENT_REPORT_INTERVAL_S": "1",
+            "GPUFLEET_AGENT_RETRY_INITIAL_S": "0.2",
+            "GPUFLEET_AGENT_RETRY_MAX_S": "1",
+            "GPUFLEET_AGENT_REQUEST_TIMEOUT_S": "5",
+        }
+        super().__init__(args=["agent"], env={**defaults, **(env or {})}, log_path=log_path)
+
+    def log_offset(self) -> int | None:
+        """Bytes of the followed log the agent has matched and spooled (its checkpoint)."""
+        try:
+            state = json.loads((self.state_dir / "kernel-log-file.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return int(state["offset"])
+
+    def wait_caught_up(self, *, timeout_s: float = 10.0) -> None:
+        """Until every line written to the followed log so far is matched and spooled."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.output()}")
+            size = self.kernel_log.stat().st_size if self.kernel_log.exists() else 0
+            if self.log_offset() == size:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"agent at {self.log_offset()} of {self.kernel_log} after {timeout_s} s:\n"
+            + self.output()[-4000:]
+        )
