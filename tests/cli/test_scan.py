@@ -72,3 +72,20 @@ def test_missing_file_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["scan", str(tmp_path)], env={"COLUMNS": "300"})
     assert result.exit_code == 2
     assert "is a directory" in result.output
+
+
+def test_parallel_scan_of_a_large_log_matches_the_serial_one(tmp_path: Path) -> None:
+    # Large enough for the chunked candidate finder (> 64 KiB chunks) and the job split.
+    sick = (FIXTURES / "reference-1.10.log").read_text().splitlines()
+    healthy = (FIXTURES / "healthy-boot.log").read_text().splitlines()
+    lines = [healthy[i % len(healthy)] for i in range(40_000)]
+    for i, line in enumerate(sick):
+        lines.insert(1_000 + i * 997, line)
+    log = tmp_path / "big.log"
+    log.write_text("\n".join(lines))  # no newline at the end, on purpose
+    runner = CliRunner()
+    serial = runner.invoke(app, ["scan", str(log), "-o", "json", "--jobs", "1"])
+    parallel = runner.invoke(app, ["scan", str(log), "-o", "json", "--jobs", "3"])
+    assert serial.exit_code == 0 and parallel.exit_code == 0, parallel.output
+    assert json.loads(serial.stdout) == json.loads(parallel.stdout)
+    assert len(json.loads(serial.stdout)) >= len(sick) // 2
