@@ -4,41 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gpufleet.testing.processes import RUN_CLI, ServerProcess, free_port
+from gpufleet.testing.processes import ServerProcess, free_port, printed_value, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-def _printed(proc: ServerProcess, name: str, *, timeout_s: float = 30) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(rf"^{name}=(\S+)$", proc.output(), re.MULTILINE)
-        if match:
-            return match.group(1)
-        time.sleep(0.1)
-    raise AssertionError(f"{name} not printed within {timeout_s} s:\n{proc.output()}")
-
-
-def _cli(*args: str, url: str, token: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GPUFLEET_URL": url, "GPUFLEET_TOKEN": token}
-    return subprocess.run(
-        [sys.executable, "-c", RUN_CLI, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) -> None:
@@ -52,8 +26,8 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
     started = time.monotonic()
     proc.start()
     try:
-        url = _printed(proc, "GPUFLEET_URL")
-        token = _printed(proc, "GPUFLEET_TOKEN")
+        url = printed_value(proc, "GPUFLEET_URL")
+        token = printed_value(proc, "GPUFLEET_TOKEN")
         assert url == f"http://127.0.0.1:{port}"
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
@@ -78,11 +52,11 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
         assert demo["size"] == 16 and demo["gpus_per_node"] == 8
         assert demo["nodes"]["total"] == 16 and demo["nodes"]["gpus"] == 128
 
-        listed = _cli("nodes", "list", url=url, token=token)
+        listed = run_cli("nodes", "list", url=url, token=token)
         assert listed.returncode == 0, listed.stderr
         for i in range(16):
             assert f"demo-{i:03d}" in listed.stdout
-        as_json = _cli("nodes", "list", "--output", "json", url=url, token=token)
+        as_json = run_cli("nodes", "list", "--output", "json", url=url, token=token)
         assert len(json.loads(as_json.stdout)["items"]) == 16
         node_ids = sorted(n["id"] for n in json.loads(as_json.stdout)["items"])
     finally:
@@ -96,7 +70,7 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
     )
     again.start()
     try:
-        assert _printed(again, "GPUFLEET_TOKEN") == token
+        assert printed_value(again, "GPUFLEET_TOKEN") == token
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
         again.wait_ready(url)
         clusters = api.get("/api/v1/clusters").json()["items"]

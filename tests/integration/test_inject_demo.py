@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,31 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gpufleet.testing.processes import RUN_CLI, ServerProcess, free_port
+from gpufleet.testing.processes import ServerProcess, free_port, printed_value, run_cli
 
 pytestmark = pytest.mark.slow
-
-
-def _printed(proc: ServerProcess, name: str, *, timeout_s: float = 30) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(rf"^{name}=(\S+)$", proc.output(), re.MULTILINE)
-        if match:
-            return match.group(1)
-        time.sleep(0.1)
-    raise AssertionError(f"{name} not printed within {timeout_s} s:\n{proc.output()}")
-
-
-def _cli(*args: str, url: str, token: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "GPUFLEET_URL": url, "GPUFLEET_TOKEN": token}
-    return subprocess.run(
-        [sys.executable, "-c", RUN_CLI, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def _node(api: httpx.Client, name: str) -> dict[str, Any]:
@@ -53,7 +28,7 @@ def _node(api: httpx.Client, name: str) -> dict[str, Any]:
     return node  # type: ignore[no-any-return]
 
 
-def test_inject_xid_79_in_the_demo_reaches_api_and_cli(tmp_path: Path) -> None:
+def test_inject_xid_79_in_the_demo_reaches_api_andrun_cli(tmp_path: Path) -> None:
     port = free_port()
     proc = ServerProcess(
         args=["demo", "--port", str(port), "--data-dir", str(tmp_path / "demo")],
@@ -62,8 +37,8 @@ def test_inject_xid_79_in_the_demo_reaches_api_and_cli(tmp_path: Path) -> None:
     )
     proc.start()
     try:
-        url = _printed(proc, "GPUFLEET_URL")
-        token = _printed(proc, "GPUFLEET_TOKEN")
+        url = printed_value(proc, "GPUFLEET_URL")
+        token = printed_value(proc, "GPUFLEET_TOKEN")
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
         proc.wait_ready(url)
         deadline = time.monotonic() + 60
@@ -74,7 +49,7 @@ def test_inject_xid_79_in_the_demo_reaches_api_and_cli(tmp_path: Path) -> None:
         assert node["health"] == "healthy"
 
         started = time.monotonic()
-        injected = _cli(
+        injected = run_cli(
             "inject", "--node", "demo-003", "--cluster", "demo", "--signature", "xid-79",
             "--output", "json",
             url=url, token=token,
@@ -101,14 +76,14 @@ def test_inject_xid_79_in_the_demo_reaches_api_and_cli(tmp_path: Path) -> None:
         assert finding["severity"] == "fatal"
         assert "GPU has fallen off the bus" in finding["evidence"]
 
-        listed = _cli(
+        listed = run_cli(
             "findings", "--cluster", "demo", "--node", "demo-003", "--output", "json",
             url=url, token=token,
         )  # fmt: skip
         cli_seen_wall = dt.datetime.now(dt.UTC)
         assert listed.returncode == 0, listed.stderr
         assert [f["id"] for f in json.loads(listed.stdout)["items"]] == [finding["id"]]
-        table = _cli("findings", "--cluster", "demo", url=url, token=token)
+        table = run_cli("findings", "--cluster", "demo", url=url, token=token)
         assert table.returncode == 0, table.stderr
         assert "xid-79" in table.stdout and "demo-003" in table.stdout
 
@@ -124,12 +99,12 @@ def test_inject_xid_79_in_the_demo_reaches_api_and_cli(tmp_path: Path) -> None:
         while _node(api, "demo-003")["health"] != "unhealthy":
             assert time.monotonic() < deadline, "demo-003 never turned unhealthy"
             time.sleep(0.05)
-        shown = _cli("nodes", "list", "--cluster", "demo", "--health", "unhealthy",
+        shown = run_cli("nodes", "list", "--cluster", "demo", "--health", "unhealthy",
                      url=url, token=token)  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         assert "demo-003" in shown.stdout
 
-        cleared = _cli(
+        cleared = run_cli(
             "inject", "--node", "demo-003", "--cluster", "demo", "--signature", "xid-79",
             "--clear", url=url, token=token,
         )  # fmt: skip
@@ -146,7 +121,7 @@ def test_inject_xid_79_in_the_demo_reaches_api_and_cli(tmp_path: Path) -> None:
 
 def test_inject_log_writes_a_kernel_log_line_without_a_server(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
-    done = _cli(
+    done = run_cli(
         "inject", "--log", str(log), "--signature", "xid-79", "--gpu", "0",
         url="http://127.0.0.1:9", token="unused",
     )  # fmt: skip
@@ -156,5 +131,5 @@ def test_inject_log_writes_a_kernel_log_line_without_a_server(tmp_path: Path) ->
         r"\[\s*\d+\.\d{6}\] NVRM: Xid \(PCI:0000:18:00\): 79, pid=1, GPU has fallen off the bus\.",
         line,
     ), line
-    bad = _cli("inject", "--log", str(log), "--signature", "nope", url="x", token="y")
+    bad = run_cli("inject", "--log", str(log), "--signature", "nope", url="x", token="y")
     assert bad.returncode == 2 and "nope" in bad.stderr

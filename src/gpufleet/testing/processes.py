@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -145,3 +146,27 @@ class AgentProcess(CliProcess):
             f"agent at {self.log_offset()} of {self.kernel_log} after {timeout_s} s:\n"
             + self.output()[-4000:]
         )
+
+
+def printed_value(proc: CliProcess, name: str, *, timeout_s: float = 30) -> str:
+    """The value of a ``NAME=value`` line the process printed (e.g. GPUFLEET_TOKEN)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(rf"^{name}=(\S+)$", proc.output(), re.MULTILINE)
+        if match:
+            return match.group(1)
+        time.sleep(0.1)
+    raise AssertionError(f"{name} not printed within {timeout_s} s:\n{proc.output()}")
+
+
+def run_cli(*args: str, url: str, token: str) -> subprocess.CompletedProcess[str]:
+    """``gpufleet ARGS`` as a user runs it, against ``url`` with ``token``."""
+    env = {**os.environ, "GPUFLEET_URL": url, "GPUFLEET_TOKEN": token}
+    return subprocess.run(
+        [sys.executable, "-c", RUN_CLI, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -9,6 +9,7 @@ so what follows (finding, health, events) is exactly what a real node would caus
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from gpufleet.core.enums import EventKind, Severity
 from gpufleet.core.errors import Conflict, DriverError, InvalidInput
@@ -117,26 +118,16 @@ async def inject_fault(
         raise Conflict(f"cannot inject into node {node.name}: {exc}") from None
     where = "" if fault.gpu_index is None else f" GPU {fault.gpu_index}"
     detail = {"signature": signature.id, "gpu_index": fault.gpu_index, "fault_id": fault.fault_id}
-    async with db.transaction() as session:
-        record_event(
-            session,
-            kind=EventKind.FAULT_INJECTED,
-            message=f"node {node.name}{where}: fault {signature.id} injected by {caller.actor}",
-            project_id=cluster.project_id,
-            cluster_id=cluster.id,
-            node_id=node.id,
-            actor=caller.actor,
-            data=detail,
-        )
-        record_audit(
-            session,
-            actor=caller.actor,
-            action="node.fault.inject",
-            object_type="node",
-            object_id=node.id,
-            project_id=cluster.project_id,
-            detail=detail,
-        )
+    await _record(
+        db,
+        caller=caller,
+        node=node,
+        cluster=cluster,
+        kind=EventKind.FAULT_INJECTED,
+        action="node.fault.inject",
+        message=f"node {node.name}{where}: fault {signature.id} injected by {caller.actor}",
+        detail=detail,
+    )
     return _to_fault(fault, node=node, world=world, title=signature.title)
 
 
@@ -162,26 +153,16 @@ async def clear_fault(
         raise Conflict(f"cannot clear a fault on node {node.name}: {exc}") from None
     if cleared:
         detail = {"signature": signature.id, "fault_ids": [f.fault_id for f in cleared]}
-        async with db.transaction() as session:
-            record_event(
-                session,
-                kind=EventKind.FAULT_CLEARED,
-                message=f"node {node.name}: fault {signature.id} cleared by {caller.actor}",
-                project_id=cluster.project_id,
-                cluster_id=cluster.id,
-                node_id=node.id,
-                actor=caller.actor,
-                data=detail,
-            )
-            record_audit(
-                session,
-                actor=caller.actor,
-                action="node.fault.clear",
-                object_type="node",
-                object_id=node.id,
-                project_id=cluster.project_id,
-                detail=detail,
-            )
+        await _record(
+            db,
+            caller=caller,
+            node=node,
+            cluster=cluster,
+            kind=EventKind.FAULT_CLEARED,
+            action="node.fault.clear",
+            message=f"node {node.name}: fault {signature.id} cleared by {caller.actor}",
+            detail=detail,
+        )
     return [_to_fault(f, node=node, world=world, title=signature.title) for f in cleared]
 
 
@@ -201,3 +182,38 @@ async def list_faults(
         title = signature.title if signature is not None else fault.signature_id
         out.append(_to_fault(fault, node=node, world=world, title=title))
     return out
+
+
+async def _record(
+    db: Database,
+    *,
+    caller: Caller,
+    node: NodeRow,
+    cluster: ClusterRow,
+    kind: EventKind,
+    action: str,
+    message: str,
+    detail: dict[str, Any],
+) -> None:
+    """The event on the node's timeline and the audit row of a fault action."""
+    async with db.transaction() as session:
+        record_event(
+            session,
+            kind=kind,
+            message=message,
+            project_id=cluster.project_id,
+            cluster_id=cluster.id,
+            node_id=node.id,
+            actor=caller.actor,
+            data=detail,
+        )
+        record_audit(
+            session,
+            actor=caller.actor,
+            action=action,
+            object_type="node",
+            object_id=node.id,
+            project_id=cluster.project_id,
+            source_ip=caller.source_ip,
+            detail=detail,
+        )
