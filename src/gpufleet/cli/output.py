@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Annotated, TypeVar
@@ -65,9 +66,17 @@ SEVERITY_STYLES = {"info": "dim", "warning": "yellow", "critical": "red", "fatal
 M = TypeVar("M", bound=BaseModel)
 
 
+# Piped output has no terminal width; rich would assume 80 columns and fold every
+# UUID and evidence line. Lines this wide stay greppable and still fit a wide screen.
+PIPE_WIDTH = 200
+
+
 def stdout() -> Console:
     # A fresh console per call: it picks up the current sys.stdout and terminal width.
-    return Console(highlight=False)
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=PIPE_WIDTH)
+    return console
 
 
 def stderr() -> Console:
