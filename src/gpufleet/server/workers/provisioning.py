@@ -14,7 +14,8 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import ClusterStatus, EventKind, NodeState
 from gpufleet.core.errors import DriverError
@@ -81,6 +82,10 @@ class ProvisioningLoop(LoopService):
             cluster = await session.get(ClusterRow, cluster_id)
             if cluster is None:
                 return
+            if cluster.status != ClusterStatus.DELETING.value and await self._settled(
+                session, cluster
+            ):
+                return  # nothing to provision: skip loading every node row each pass
             nodes = [
                 _NodeView(
                     n.id, n.name, NodeState(n.state), n.provider_instance_id, n.provision_attempts
@@ -101,6 +106,22 @@ class ProvisioningLoop(LoopService):
             *(self._limited(self._step_node(cluster, n, provider)) for n in pending)
         )
         await self._update_cluster_status(cluster_id)
+
+    @staticmethod
+    async def _settled(session: AsyncSession, cluster: ClusterRow) -> bool:
+        """True when every slot has a node and none is still provisioning (one count)."""
+        rows = await session.execute(
+            select(NodeRow.state, func.count())
+            .where(NodeRow.cluster_id == cluster.id, NodeRow.state != NodeState.REMOVED.value)
+            .group_by(NodeRow.state)
+        )
+        counts = {str(state): int(n) for state, n in rows}
+        provisioning = counts.get(NodeState.PROVISIONING.value, 0)
+        return (
+            provisioning == 0
+            and sum(counts.values()) >= cluster.size
+            and cluster.status != ClusterStatus.PROVISIONING.value
+        )
 
     async def _limited(self, step: Awaitable[None]) -> None:
         async with self._limit:
