@@ -29,6 +29,8 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
         url = printed_value(proc, "GPUFLEET_URL")
         token = printed_value(proc, "GPUFLEET_TOKEN")
         assert url == f"http://127.0.0.1:{port}"
+        # The URL and token are printed before the listener binds; wait for it.
+        proc.wait_ready(url)
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
         def fresh_gpus() -> int:
