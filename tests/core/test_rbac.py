@@ -13,6 +13,7 @@ MEMBER_MAY = {
     Permission.NODE_READ,
     Permission.EVENT_READ,
     Permission.FINDING_READ,
+    Permission.REPAIR_READ,
     Permission.CHECK_RUN,
     Permission.TOKEN_CREATE,
 }
@@ -44,6 +45,7 @@ def test_member(permission: Permission) -> None:
         Permission.NODE_ACTION,
         Permission.MEMBER_MANAGE,
         Permission.REPAIR_APPROVE,
+        Permission.POLICY_MANAGE,
     ],
 )
 def test_member_cannot_change_the_control_plane(permission: Permission) -> None:

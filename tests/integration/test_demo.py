@@ -20,7 +20,7 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
     data_dir = tmp_path / "demo"
     proc = ServerProcess(
         args=["demo", "--port", str(port), "--data-dir", str(data_dir)],
-        env={"GPUFLEET_DATABASE_URL": ""},
+        env={"GPUFLEET_DATABASE_URL": "", "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0"},
         log_path=tmp_path / "demo.log",
     )
     started = time.monotonic()
@@ -67,7 +67,7 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
     # Second start on the same data dir: same fleet, same token.
     again = ServerProcess(
         args=["demo", "--port", str(port), "--data-dir", str(data_dir)],
-        env={"GPUFLEET_DATABASE_URL": ""},
+        env={"GPUFLEET_DATABASE_URL": "", "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0"},
         log_path=tmp_path / "demo2.log",
     )
     again.start()

@@ -32,7 +32,7 @@ def test_inject_xid_79_in_the_demo_reaches_api_andrun_cli(tmp_path: Path) -> Non
     port = free_port()
     proc = ServerProcess(
         args=["demo", "--port", str(port), "--data-dir", str(tmp_path / "demo")],
-        env={"GPUFLEET_DATABASE_URL": ""},
+        env={"GPUFLEET_DATABASE_URL": "", "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0"},
         log_path=tmp_path / "demo.log",
     )
     proc.start()

@@ -11,6 +11,7 @@ from gpufleet.providers.base import (
     PowerState,
     Provider,
     ProvisionRequest,
+    SupportsGpuReset,
     SupportsPower,
     SupportsReboot,
     SupportsReplace,
@@ -46,7 +47,14 @@ def request(name: str, *, token: str | None = None, cluster: str = "c1") -> Prov
 
 def test_implements_every_protocol(provider: SimProvider) -> None:
     assert provider.kind == "sim"
-    for proto in (Provider, SupportsPower, SupportsReboot, SupportsReprovision, SupportsReplace):
+    for proto in (
+        Provider,
+        SupportsPower,
+        SupportsReboot,
+        SupportsReprovision,
+        SupportsReplace,
+        SupportsGpuReset,
+    ):
         assert isinstance(provider, proto)
 
 
@@ -135,3 +143,80 @@ def test_config_validates() -> None:
         SimProviderConfig(failure_rate=2.0)
     with pytest.raises(ValueError, match="provision_delay_s"):
         SimProviderConfig(provision_delay_s=(5.0, 1.0))
+    with pytest.raises(ValueError, match="reboot_failure_rate"):
+        SimProviderConfig(reboot_failure_rate=-0.1)
+    with pytest.raises(ValueError, match="reset_gpu_failure_rate"):
+        SimProviderConfig(reset_gpu_failure_rate=1.5)
+    with pytest.raises(ValueError, match="reset_gpu_delay_s"):
+        SimProviderConfig(reset_gpu_delay_s=(-1.0, 1.0))
+    defaults = SimProviderConfig()
+    assert defaults.reset_gpu_delay_s == (5.0, 15.0)
+    assert defaults.reboot_failure_rate == defaults.reset_gpu_failure_rate == 0.0
+
+
+async def test_booted_at_is_the_last_boot_start_and_survives_a_reopen(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    path = tmp_path / "w.json"
+    provider = SimProvider(SimWorld(path, clock=clock, seed=5), config=CONFIG)
+    inst = await provider.provision(request("c1-000"))
+    assert inst.booted_at == inst.created_at
+    clock.advance(21)
+    asked = clock.now()
+    await provider.reboot(inst.instance_id)
+    clock.advance(6)
+    reopened = SimProvider(SimWorld(path, clock=clock, seed=5), config=CONFIG)
+    got = await reopened.get_instance(inst.instance_id)
+    assert got is not None and got.state is InstanceState.RUNNING
+    assert got.booted_at is not None and got.booted_at >= asked  # the reboot happened
+    assert reopened.world.reboot_count(inst.instance_id) == 1
+    await reopened.reprovision(inst.instance_id, user_data={})
+    again = await reopened.get_instance(inst.instance_id)
+    assert again is not None and again.booted_at == clock.now()
+
+
+async def test_reboot_failure_rate(clock: FakeClock) -> None:
+    config = SimProviderConfig(reboot_delay_s=(5.0, 5.0), reboot_failure_rate=1.0)
+    provider = SimProvider(SimWorld(None, clock=clock, seed=1), config=config)
+    inst = await provider.provision(request("c1-000"))
+    clock.advance(91)
+    await provider.reboot(inst.instance_id)
+    got = await provider.get_instance(inst.instance_id)
+    assert got is not None and got.state is InstanceState.PENDING
+    clock.advance(6)
+    got = await provider.get_instance(inst.instance_id)
+    assert got is not None and got.state is InstanceState.FAILED
+    assert got.error is not None and "reboot" in got.error
+
+
+async def test_reset_gpu_clears_the_gpu_and_kills_the_job(
+    provider: SimProvider, clock: FakeClock
+) -> None:
+    inst = await provider.provision(request("c1-000"))
+    clock.advance(21)
+    world = provider.world
+    job = world.submit_job(cluster_id="c1", node_count=1, gpus_per_node=8, duration_s=600)
+    world.advance()
+    world.inject_fault(inst.instance_id, signature_id="xid-48", gpu_index=4)
+    world.inject_fault(inst.instance_id, signature_id="xid-79", gpu_index=5)
+    since = clock.now()
+    await provider.reset_gpu(inst.instance_id, gpu_index=4)
+    assert [f.gpu_index for f in world.faults_of(inst.instance_id)] == [5]
+    assert [(j.job_id, j.state) for j in world.accounting_since(since)] == [
+        (job.job_id, "NODE_FAIL")
+    ]
+    sim = world.get_instance(inst.instance_id)
+    assert sim is not None and list(sim.resetting_until) == [4]
+    low, high = CONFIG.reset_gpu_delay_s
+    assert low <= (sim.resetting_until[4] - clock.now()).total_seconds() <= high
+    got = await provider.get_instance(inst.instance_id)
+    assert got is not None and got.booted_at == inst.created_at  # no reboot
+
+
+async def test_reset_gpu_failure_rate(clock: FakeClock) -> None:
+    config = SimProviderConfig(provision_delay_s=(1.0, 1.0), reset_gpu_failure_rate=1.0)
+    provider = SimProvider(SimWorld(None, clock=clock, seed=1), config=config)
+    inst = await provider.provision(request("c1-000"))
+    clock.advance(2)
+    with pytest.raises(DriverError, match="c1-000: nvidia-smi -r failed"):
+        await provider.reset_gpu(inst.instance_id, gpu_index=None)

@@ -11,6 +11,7 @@ from gpufleet.schedulers.base import (
     Scheduler,
     SupportsDown,
     SupportsDrain,
+    SupportsRequeue,
 )
 from gpufleet.schedulers.sim.driver import SimScheduler
 from gpufleet.sim.models import BootPlan, SimInstanceSpec
@@ -46,7 +47,7 @@ def sched(world: SimWorld) -> SimScheduler:
 
 def test_implements_every_protocol(sched: SimScheduler) -> None:
     assert sched.kind == "sim"
-    for proto in (Scheduler, SupportsDrain, SupportsDown):
+    for proto in (Scheduler, SupportsDrain, SupportsDown, SupportsRequeue):
         assert isinstance(sched, proto)
 
 
@@ -137,3 +138,31 @@ async def test_unavailable_scheduler_fails_closed(sched: SimScheduler, world: Si
         await sched.jobs_on_node("a-000")
     with pytest.raises(DriverError):
         await sched.drain("a-000", reason="gpufleet: x")
+    with pytest.raises(DriverError, match="scontrol requeue"):
+        await sched.requeue_jobs("a-000")
+
+
+async def test_requeue_puts_jobs_back_in_the_queue(
+    sched: SimScheduler, world: SimWorld, clock: FakeClock
+) -> None:
+    busy = next(n for n in await sched.list_nodes() if n.job_ids)
+    await sched.drain(busy.name, reason="gpufleet: repair r1")
+    since = clock.now()
+    assert await sched.requeue_jobs(busy.name) == list(busy.job_ids)
+    assert await sched.jobs_on_node(busy.name) == []  # and not restarted there
+    (node,) = [n for n in await sched.list_nodes() if n.name == busy.name]
+    assert node.state is SchedNodeState.DRAINED
+    ended = await sched.accounting_since(since)
+    assert [(j.job_id, j.state) for j in ended] == [(busy.job_ids[0], "REQUEUED")]
+    assert ended[0].extra["restarts"] == "0"
+    # It waits for room (every other node busy or taken), then runs again, same id.
+    job_id = busy.job_ids[0]
+    running = {j.job_id: j for j in world.running_jobs(cluster_id="a")}
+    if job_id not in running:
+        assert await sched.pending_gpu_demand() > 0
+        clock.advance(3601)
+        await sched.list_nodes()
+        running = {j.job_id: j for j in world.running_jobs(cluster_id="a")}
+    assert job_id in running and busy.name not in running[job_id].nodes
+    assert running[job_id].requeues == 1
+    assert await sched.requeue_jobs(busy.name) == []

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import itertools
 import json
 from collections.abc import AsyncIterator, Callable
@@ -8,7 +9,14 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-from gpufleet.core.agent_protocol import ReportAck, ReportBatch
+from gpufleet.core.agent_protocol import (
+    FindingAck,
+    FindingBatch,
+    FindingReport,
+    FindingState,
+    ReportAck,
+    ReportBatch,
+)
 from gpufleet.core.clock import FakeClock
 from gpufleet.sim.agents import SimFleetRunner
 from gpufleet.sim.models import BootPlan, SimInstanceSpec
@@ -18,10 +26,12 @@ PLAN = BootPlan((10.0, 10.0))
 
 
 class ReportServer:
-    """A tiny HTTP/1.1 server (keep-alive) that records agent batches and acks them."""
+    """A tiny HTTP/1.1 server (keep-alive) that records agent batches (reports and
+    finding changes) and acks them."""
 
     def __init__(self) -> None:
         self.batches: list[tuple[str, ReportBatch]] = []
+        self.findings: list[tuple[str, FindingReport]] = []
         self.status = 200  # set to 503 to refuse
         self.tokens: set[str] | None = None  # None: every token is valid
         self.interval_s = 0.05
@@ -53,13 +63,18 @@ class ReportServer:
         self._writers.add(writer)
         try:
             while line := await reader.readline():
-                assert line.startswith(b"POST /api/v1/agent/reports ")
+                findings = line.startswith(b"POST /api/v1/agent/findings ")
+                assert findings or line.startswith(b"POST /api/v1/agent/reports ")
                 headers: dict[str, str] = {}
                 while (h := await reader.readline()) not in (b"\r\n", b""):
                     key, _, value = h.decode().partition(":")
                     headers[key.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers["content-length"]))
-                status, payload = self._respond(headers["authorization"][7:], body)
+                token = headers["authorization"][7:]
+                if findings:
+                    status, payload = self._ack_findings(token, body)
+                else:
+                    status, payload = self._respond(token, body)
                 writer.write(
                     f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(payload)}\r\n\r\n".encode()
@@ -71,6 +86,18 @@ class ReportServer:
         finally:
             self._writers.discard(writer)
             writer.close()
+
+    def _ack_findings(self, token: str, body: bytes) -> tuple[int, bytes]:
+        # As the real server: a change is applied once, by seq (a resend after a lost ack
+        # carries changes already applied).
+        batch = FindingBatch.model_validate_json(body)
+        held = max((f.seq for t, f in self.findings if t == token), default=0)
+        fresh = [f for f in batch.findings if f.seq > held]
+        self.findings += [(token, f) for f in fresh]
+        last = max(held, *(f.seq for f in batch.findings))
+        dups = len(batch.findings) - len(fresh)
+        ack = FindingAck(node_id=token, accepted=len(fresh), duplicates=dups, last_seq=last)
+        return 200, ack.model_dump_json().encode()
 
     def _respond(self, token: str, body: bytes) -> tuple[int, bytes]:
         if self.tokens is not None and token not in self.tokens:
@@ -276,3 +303,62 @@ async def test_busy_nodes_report_busy_gpus(
             assert min(utils) > 50
         else:
             assert max(utils) <= 3
+
+
+async def test_a_sticky_fault_is_reported_again_after_a_reboot(
+    server: ReportServer, http: httpx.AsyncClient, clock: FakeClock
+) -> None:
+    world = make_world(server, clock, n=1)
+    (instance,) = world.list_instances()[:1]
+    iid = instance.instance_id
+    world.inject_fault(iid, signature_id="xid-48", gpu_index=3, sticky=True)
+    world.inject_fault(iid, signature_id="xid-79", gpu_index=0)
+    runner = SimFleetRunner(world, http=http, report_interval_s=0.05, seed=8)
+
+    def changes() -> list[tuple[str, FindingState, int]]:
+        return [(f.signature_id, f.state, f.count) for t, f in server.findings if t == "node-0"]
+
+    await runner.run_once()
+    await until(lambda: len(changes()) == 2)
+    world.reboot(iid, plan=PLAN)
+    rebooted = clock.now()
+    await runner.run_once()
+    assert runner.stats().agents == 0  # booting
+    clock.advance(11)
+    await runner.run_once()  # a new agent: the reboot's clear goes out
+    await until(lambda: ("xid-79", FindingState.CLEARED, 1) in changes())
+    clock.advance(5)  # past the first recurrence (2-5 s after the boot), before a repeat
+    await runner.run_once()
+    await until(lambda: ("xid-48", FindingState.OPEN, 2) in changes())
+    await runner.aclose()
+    assert sorted(changes()) == [
+        ("xid-48", FindingState.OPEN, 1),
+        ("xid-48", FindingState.OPEN, 2),
+        ("xid-79", FindingState.CLEARED, 1),
+        ("xid-79", FindingState.OPEN, 1),
+    ]
+    again = next(f for _, f in server.findings if f.count == 2)
+    assert again.last_seen > rebooted + dt.timedelta(seconds=10)  # after the boot
+    assert again.key == f"xid-48/{instance.gpus[3].uuid}"
+    seqs = [f.seq for _, f in server.findings]
+    assert seqs == sorted(seqs)
+
+
+async def test_a_gpu_being_reset_is_left_out_of_reports(
+    server: ReportServer, http: httpx.AsyncClient, clock: FakeClock
+) -> None:
+    world = make_world(server, clock, n=1)
+    (instance,) = world.list_instances()[:1]
+    world.reset_gpu(instance.instance_id, gpu_index=2, plan=BootPlan((10.0, 10.0)))
+    runner = SimFleetRunner(world, http=http, report_interval_s=0.05, seed=9)
+    await runner.run_once()
+    await until(lambda: len(server.by_token("node-0")) >= 2)
+    assert [g.index for g in server.by_token("node-0")[-1].reports[-1].gpus] == [
+        0, 1, 3, 4, 5, 6, 7,
+    ]  # fmt: skip
+    clock.advance(11)
+    await runner.run_once()
+    seen = len(server.by_token("node-0"))
+    await until(lambda: len(server.by_token("node-0")) >= seen + 2)
+    await runner.aclose()
+    assert len(server.by_token("node-0")[-1].reports[-1].gpus) == 8

@@ -1,4 +1,4 @@
-"""``gpufleet clusters``: list, create, show, status, delete."""
+"""``gpufleet clusters``: list, create, show, status, delete; the repair breaker."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from gpufleet.cli.paging import collect
 from gpufleet.client.api import ClusterStatusReport
 from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
-from gpufleet.core.models import Cluster, NodeCounts, Page
+from gpufleet.core.models import Breaker, Cluster, NodeCounts, Page
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
 
@@ -249,3 +249,54 @@ def delete_cluster(
         emit(output, deleted, _render_one)
     else:
         note(f"cluster {deleted.name} is {deleted.status.value}")
+
+
+def _render_breaker(b: Breaker) -> None:
+    share = f"{b.affected_nodes} of {b.total_nodes} nodes cordoned or under repair"
+    if b.total_nodes:
+        share += f" ({b.affected_nodes / b.total_nodes:.0%})"
+    rows: list[tuple[str, Text | str]] = [
+        ("cluster", b.cluster_id),
+        (
+            "breaker",
+            Text("tripped: approvals refused", style="bold red")
+            if b.tripped
+            else Text("closed: approvals go through", style="green"),
+        ),
+        ("tripped at", fmt_time(b.tripped_at)),
+        ("reason", b.reason or "-"),
+        ("trips above", f"{b.max_share:.0%} of the nodes out at once"),
+        ("now", share),
+    ]
+    print_table(fields(rows))
+
+
+@app.command("breaker")
+def show_breaker(
+    ctx: typer.Context,
+    ref: ClusterRef,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Show a cluster's repair breaker: tripped or not, and how many nodes are out."""
+    with config.client_for(ctx) as client:
+        breaker = client.get_breaker(client.find_cluster(ref, project=project).id)
+    emit(output, breaker, _render_breaker)
+
+
+@app.command("breaker-reset")
+def reset_breaker(
+    ctx: typer.Context,
+    ref: ClusterRef,
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why it is safe again. Required.")],
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Close a tripped repair breaker (project admins), so approvals go through again."""
+    if not reason.strip():
+        raise typer.BadParameter("give the reason in words; it is kept in the audit log",
+                                 param_hint="--reason")  # fmt: skip
+    with config.client_for(ctx) as client:
+        cluster_id = client.find_cluster(ref, project=project).id
+        breaker = client.reset_breaker(cluster_id, reason=reason.strip())
+    emit(output, breaker, _render_breaker)

@@ -72,6 +72,7 @@ def _render(fault: Fault) -> None:
         ("where", where + (f" ({fault.gpu_uuid})" if fault.gpu_uuid else "")),
         ("count", str(fault.count)),
         ("clears", "by itself at " + fault.clears_at.isoformat() if fault.clears_at else
+         "only on replace (sticky: it returns after reboots)" if fault.sticky else
          "on reboot, reprovision or replace"),
     ]  # fmt: skip
     print_table(fields(rows))
@@ -95,6 +96,14 @@ def inject(
         str | None, typer.Option("--project", "-p", help="Project to find the cluster in.")
     ] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Clear the fault instead.")] = False,
+    sticky: Annotated[
+        bool,
+        typer.Option(
+            "--sticky",
+            help="Broken hardware: the fault returns after every reboot and reinstall; "
+            "only a failover to a new host gets rid of it.",
+        ),
+    ] = False,
     log: Annotated[
         Path | None,
         typer.Option(
@@ -129,7 +138,7 @@ def inject(
             else:
                 note(f"cleared {len(cleared)} {sig.id} fault(s) on {target.name}")
             return
-        fault = client.inject_fault(target.id, signature=sig.id, gpu_index=gpu)
+        fault = client.inject_fault(target.id, signature=sig.id, gpu_index=gpu, sticky=sticky)
     if output is OutputFormat.JSON:
         print_json(fault)
     else:

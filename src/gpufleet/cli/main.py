@@ -17,6 +17,7 @@ from gpufleet.cli import (
     inject,
     nodes,
     projects,
+    repairs,
     scan,
     server,
     tokens,
@@ -70,6 +71,7 @@ app.add_typer(projects.app, name="projects")
 app.add_typer(tokens.app, name="tokens")
 app.add_typer(clusters.app, name="clusters")
 app.add_typer(nodes.app, name="nodes")
+app.add_typer(repairs.app, name="repairs")
 app.command("events")(events.list_events)
 app.command("findings")(findings.list_findings)
 app.command("inject")(inject.inject)

@@ -1,7 +1,11 @@
-"""``gpufleet nodes``: list and show nodes, with each GPU's latest sample."""
+"""``gpufleet nodes``: list and show nodes, with each GPU's latest sample; and the admin
+actions on a node (cordon, uncordon, drain; reboot, reprovision, replace, remove and
+reset-gpu, which run as an approved repair)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -25,7 +29,8 @@ from gpufleet.cli.output import (
     table,
 )
 from gpufleet.cli.paging import collect
-from gpufleet.client.api import ApiClient
+from gpufleet.client.api import ApiClient, NodeAction, NodeActionResult
+from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
 from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Gpu, Node, Page
@@ -179,3 +184,189 @@ def show_node(
     with config.client_for(ctx) as client:
         node = find_node(client, ref, cluster=cluster, project=project)
     emit(output, node, _render_one)
+
+
+# -- actions ----------------------------------------------------------------------------
+
+ReasonOpt = Annotated[
+    str,
+    typer.Option(
+        "--reason", "-r", help="Why; kept in the node's events and the audit log. Required."
+    ),
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Let the drain kill the jobs still running at its timeout (default: wait for "
+        "them, however long).",
+    ),
+]
+NodeRef = Annotated[str, typer.Argument(help="Node id, or its name with --cluster.")]
+
+
+def stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+def confirm(question: str, *, yes: bool, what: str) -> None:
+    """Ask ``question`` before something that cannot be taken back, unless ``--yes``.
+
+    With no terminal to ask on (a script, a pipe, CI) it refuses with exit 2 rather than
+    read a stray line of input as consent. ``what`` names the act in that refusal.
+    """
+    if yes:
+        return
+    if not stdin_is_terminal():
+        raise CliError(f"not going to {what} unasked: stdin is not a terminal; pass --yes")
+    typer.confirm(question, abort=True, err=True)
+
+
+def _reason(reason: str) -> str:
+    if not reason.strip():
+        raise typer.BadParameter("give the reason in words, it is kept in the audit log",
+                                 param_hint="--reason")  # fmt: skip
+    return reason.strip()
+
+
+def _act(
+    ctx: typer.Context,
+    action: NodeAction,
+    ref: str,
+    *,
+    reason: str,
+    cluster: str | None,
+    project: str | None,
+    output: OutputFormat,
+    yes: bool = True,
+    force: bool = False,
+    gpu: int | None = None,
+) -> None:
+    reason = _reason(reason)
+    with config.client_for(ctx) as client:
+        node = find_node(client, ref, cluster=cluster, project=project)
+        if not yes:
+            verb = action.value.replace("_", " ")
+            what = f"{verb} {f'GPU {gpu} of ' if gpu is not None else ''}node {node.name}"
+            jobs = "its jobs are drained first" + (
+                ", and killed at the drain timeout" if force else ""
+            )
+            confirm(f"{what.capitalize()} ({node.id})? {jobs}.", yes=False, what=what)
+        result = client.node_action(
+            node.id, action=action, reason=reason, force=force, gpu_index=gpu
+        )
+    emit(output, result, _render_action(action))
+
+
+def _render_action(action: NodeAction) -> Callable[[NodeActionResult], None]:
+    def render(result: NodeActionResult) -> None:
+        node, repair = result.node, result.repair
+        if repair is None:
+            note(f"node {node.name} ({node.id}) is {node.state.value}")
+            return
+        note(
+            f"{action.value} of node {node.name}: repair {repair.id} is {repair.status.value}"
+            + (f" ({repair.detail})" if repair.detail else "")
+        )
+        note(f"follow it: gpufleet repairs show {repair.id}")
+
+    return render
+
+
+@app.command("cordon")
+def cordon_node(
+    ctx: typer.Context,
+    ref: NodeRef,
+    reason: ReasonOpt,
+    cluster: ClusterOpt = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Stop new jobs landing on a node; running jobs go on."""
+    _act(ctx, NodeAction.CORDON, ref, reason=reason, cluster=cluster, project=project,
+         output=output)  # fmt: skip
+
+
+@app.command("uncordon")
+def uncordon_node(
+    ctx: typer.Context,
+    ref: NodeRef,
+    reason: ReasonOpt,
+    cluster: ClusterOpt = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Put a cordoned or drained node back in service."""
+    _act(ctx, NodeAction.UNCORDON, ref, reason=reason, cluster=cluster, project=project,
+         output=output)  # fmt: skip
+
+
+@app.command("drain")
+def drain_node(
+    ctx: typer.Context,
+    ref: NodeRef,
+    reason: ReasonOpt,
+    cluster: ClusterOpt = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Cordon a node and let its jobs finish; none is killed."""
+    _act(ctx, NodeAction.DRAIN, ref, reason=reason, cluster=cluster, project=project,
+         output=output)  # fmt: skip
+
+
+def _repair_command(action: NodeAction, doc: str) -> None:
+    def command(
+        ctx: typer.Context,
+        ref: NodeRef,
+        reason: ReasonOpt,
+        cluster: ClusterOpt = None,
+        project: ProjectOpt = None,
+        yes: YesOpt = False,
+        force: ForceOpt = False,
+        output: OutputOpt = OutputFormat.TABLE,
+    ) -> None:
+        _act(ctx, action, ref, reason=reason, cluster=cluster, project=project,
+             output=output, yes=yes, force=force)  # fmt: skip
+
+    command.__doc__ = doc
+    app.command(action.value)(command)
+
+
+_repair_command(
+    NodeAction.REBOOT,
+    "Reboot a node as an approved repair: cordon, drain, reboot, verify it reports clean.",
+)
+_repair_command(
+    NodeAction.REPROVISION,
+    "Reinstall a node's OS image as an approved repair (cordon, drain, reprovision, verify).",
+)
+_repair_command(
+    NodeAction.REPLACE,
+    "Move a node onto a new host as an approved repair (cordon, drain, fail over, verify).",
+)
+_repair_command(
+    NodeAction.REMOVE,
+    "Take a node out of the cluster for good, after draining it.",
+)
+
+
+@app.command("reset-gpu")
+def reset_gpu(
+    ctx: typer.Context,
+    ref: NodeRef,
+    reason: ReasonOpt,
+    gpu: Annotated[
+        int | None,
+        typer.Option("--gpu", min=0, max=MAX_GPUS_PER_NODE - 1, help="GPU index (default: all)."),
+    ] = None,
+    cluster: ClusterOpt = None,
+    project: ProjectOpt = None,
+    yes: YesOpt = False,
+    force: ForceOpt = False,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Reset a node's GPU (or all of them) as an approved repair, after draining it."""
+    _act(ctx, NodeAction.RESET_GPU, ref, reason=reason, cluster=cluster, project=project,
+         output=output, yes=yes, force=force, gpu=gpu)  # fmt: skip

@@ -8,7 +8,8 @@ objects, raises ``ApiError`` with the server's message on a 4xx/5xx, and
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from enum import StrEnum
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -23,6 +24,7 @@ from gpufleet.core.enums import (
     Health,
     NodeState,
     ProviderKind,
+    RepairStatus,
     Role,
     SchedulerKind,
 )
@@ -30,6 +32,7 @@ from gpufleet.core.faults import Fault
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import (
+    Breaker,
     Cluster,
     CreatedToken,
     Event,
@@ -40,6 +43,7 @@ from gpufleet.core.models import (
     NodeCounts,
     Page,
     Project,
+    Repair,
     User,
 )
 
@@ -72,21 +76,64 @@ class ClusterStatusReport(BaseModel):
     nodes: NodeCounts
 
 
-def _query(params: Mapping[str, object]) -> dict[str, str | int]:
-    """Drop unset filters and write values the way the server parses query strings."""
-    out: dict[str, str | int] = {}
+class NodeAction(StrEnum):
+    """What ``POST /api/v1/nodes/{id}/actions`` does. The first three hold the node in
+    the scheduler; the others run as an approved repair (cordon, drain, act, verify)."""
+
+    CORDON = "cordon"
+    UNCORDON = "uncordon"
+    DRAIN = "drain"
+    REBOOT = "reboot"
+    REPROVISION = "reprovision"
+    REPLACE = "replace"
+    REMOVE = "remove"
+    RESET_GPU = "reset_gpu"
+
+
+class NodeActionResult(BaseModel):
+    """``POST /api/v1/nodes/{id}/actions``: the node after the action, and the repair it
+    started (None for cordon, uncordon and drain)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: Node
+    repair: Repair | None
+
+
+QueryValue = str | int | list[str]
+
+
+def _query_value(value: object) -> str | int:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, int):
+        return value
+    return str(value)
+
+
+def _query(params: Mapping[str, object]) -> dict[str, QueryValue]:
+    """Drop unset filters and write values the way the server parses query strings.
+
+    A list or tuple is a repeated parameter (``?status=a&status=b``); an empty one is
+    left out like None.
+    """
+    out: dict[str, QueryValue] = {}
     for key, value in params.items():
         if value is None:
             continue
-        if isinstance(value, bool):
-            out[key] = "true" if value else "false"
-        elif isinstance(value, dt.datetime):
-            out[key] = value.isoformat()
-        elif isinstance(value, int):
-            out[key] = value
+        if isinstance(value, list | tuple):
+            if value:
+                out[key] = [str(_query_value(v)) for v in value]
         else:
-            out[key] = str(value)
+            out[key] = _query_value(value)
     return out
+
+
+def _segment(ref: str) -> str:
+    """A caller-typed id or name as one path segment: ``/`` or ``?`` cannot reroute it."""
+    return quote(ref, safe="")
 
 
 class ApiClient:
@@ -325,9 +372,14 @@ class ApiClient:
         return Node.model_validate(self._call("GET", f"{API}/nodes/{node_id}"))
 
     # -- faults (simulated nodes) ---------------------------------------------------
-    def inject_fault(self, node_id: str, *, signature: str, gpu_index: int | None = None) -> Fault:
-        """Make a sim node fail with a catalog signature; its agent reports it at once."""
-        body = {"signature": signature, "gpu_index": gpu_index}
+    def inject_fault(
+        self, node_id: str, *, signature: str, gpu_index: int | None = None, sticky: bool = False
+    ) -> Fault:
+        """Make a sim node fail with a catalog signature; its agent reports it at once.
+        ``sticky``: broken hardware that comes back after every reboot and reinstall."""
+        body: dict[str, object] = {"signature": signature, "gpu_index": gpu_index}
+        if sticky:
+            body["sticky"] = True
         return Fault.model_validate(self._call("POST", f"{API}/nodes/{node_id}/faults", body=body))
 
     def clear_fault(
@@ -397,6 +449,107 @@ class ApiClient:
         data = self._call("GET", f"{API}/health/summary", params={"cluster": cluster})
         return HealthSummary.model_validate(data)
 
+    # -- repairs --------------------------------------------------------------------
+    def list_repairs(
+        self,
+        *,
+        cluster: str | None = None,
+        node: str | None = None,
+        status: Sequence[RepairStatus] | None = None,
+        kind: str | None = None,
+        open: bool | None = None,  # the API's own parameter name
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[Repair]:
+        """Repairs, filtered; ``status`` matches any of those given; ``open`` keeps the
+        proposed and in-flight ones; ``kind`` is ``node`` or ``incident``."""
+        params = {
+            "cluster": cluster,
+            "node": node,
+            "status": [s.value for s in status or ()],
+            "kind": kind,
+            "open": open,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return self._get(Page[Repair], f"{API}/repairs", params)
+
+    def get_repair(self, repair_id: str) -> Repair:
+        """One repair, with the jobs on its node now (``jobs``) while it is open."""
+        return Repair.model_validate(self._call("GET", f"{API}/repairs/{_segment(repair_id)}"))
+
+    def approve_repair(self, repair_id: str, *, reason: str = "", force: bool = False) -> Repair:
+        """Approve a proposed repair. ``force`` lets its drain kill the jobs still running
+        at the drain timeout. ``ApiError`` 409 when the breaker refuses or it is not
+        proposed, 403 for a project member."""
+        body = {"reason": reason, "force": force}
+        path = f"{API}/repairs/{_segment(repair_id)}/approve"
+        return Repair.model_validate(self._call("POST", path, body=body))
+
+    def dismiss_repair(self, repair_id: str, *, reason: str) -> Repair:
+        """Reject a proposed repair; ``reason`` is required and kept with the decision."""
+        path = f"{API}/repairs/{_segment(repair_id)}/dismiss"
+        return Repair.model_validate(self._call("POST", path, body={"reason": reason}))
+
+    def force_repair(self, repair_id: str, *, reason: str) -> Repair:
+        """Let a draining repair kill the jobs still on its node, now."""
+        path = f"{API}/repairs/{_segment(repair_id)}/force"
+        return Repair.model_validate(self._call("POST", path, body={"reason": reason}))
+
+    def node_action(
+        self,
+        node_id: str,
+        *,
+        action: NodeAction,
+        reason: str,
+        force: bool = False,
+        gpu_index: int | None = None,
+    ) -> NodeActionResult:
+        """Cordon, uncordon or drain a node, or start a reboot, reprovision, replace,
+        remove or GPU reset as an approved repair (named in the result)."""
+        body = {"action": action.value, "reason": reason, "force": force, "gpu_index": gpu_index}
+        data = self._call("POST", f"{API}/nodes/{_segment(node_id)}/actions", body=body)
+        return NodeActionResult.model_validate(data)
+
+    def get_breaker(self, cluster_id: str) -> Breaker:
+        """A cluster's repair circuit breaker."""
+        path = f"{API}/clusters/{_segment(cluster_id)}/repair-breaker"
+        return Breaker.model_validate(self._call("GET", path))
+
+    def reset_breaker(self, cluster_id: str, *, reason: str) -> Breaker:
+        """Close a tripped breaker so approvals go through again."""
+        path = f"{API}/clusters/{_segment(cluster_id)}/repair-breaker/reset"
+        return Breaker.model_validate(self._call("POST", path, body={"reason": reason}))
+
+    def get_repair_policy(self, project: str) -> dict[str, Any]:
+        """A project's repair policy (the server's default when it never set one)."""
+        data = self._call("GET", f"{API}/projects/{_segment(project)}/repair-policy")
+        return _object(data, "repair policy")
+
+    def set_repair_policy(self, project: str, policy: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace a project's repair policy; fields left out take their defaults.
+        Returns the policy as stored."""
+        path = f"{API}/projects/{_segment(project)}/repair-policy"
+        return _object(self._call("PUT", path, body=policy), "repair policy")
+
+    def replay_repair_policy(
+        self,
+        project: str,
+        *,
+        days: float = 7.0,
+        cluster_id: str | None = None,
+        policy: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Dry run: what ``policy`` (default: the project's) would have done over the
+        findings of the last ``days``. Returns ``{"entries": [...], "summary": {...}}``."""
+        body = {
+            "days": days,
+            "cluster_id": cluster_id,
+            "policy": None if policy is None else dict(policy),
+        }
+        path = f"{API}/projects/{_segment(project)}/repair-policy/replay"
+        return _object(self._call("POST", path, body=body), "replay report")
+
     # -- lifecycle ------------------------------------------------------------------
     def close(self) -> None:
         self._http.close()
@@ -413,4 +566,18 @@ class ApiClient:
         self.close()
 
 
-__all__ = ["ApiClient", "ApiError", "ClusterStatusReport", "Me", "ServerUnreachable"]
+def _object(data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ApiError(200, "bad_response", f"the {what} is not a JSON object: {data!r:.200}")
+    return data
+
+
+__all__ = [
+    "ApiClient",
+    "ApiError",
+    "ClusterStatusReport",
+    "Me",
+    "NodeAction",
+    "NodeActionResult",
+    "ServerUnreachable",
+]

@@ -128,3 +128,11 @@ class EventKind(StrEnum):
     FAULT_CLEARED = "fault.cleared"
     PROVIDER_ERROR = "provider.error"
     PROJECT_CREATED = "project.created"
+    REPAIR_PROPOSED = "repair.proposed"
+    REPAIR_UPDATED = "repair.updated"  # escalated in place, or new findings behind it
+    REPAIR_STATUS = "repair.status"
+    REPAIR_STEP = "repair.step"  # progress inside a step: waiting for a job, action asked
+    INCIDENT_OPENED = "incident.opened"
+    BREAKER_TRIPPED = "repair.breaker_tripped"
+    BREAKER_RESET = "repair.breaker_reset"
+    NODE_ACTION = "node.action"  # an admin's cordon / uncordon / drain

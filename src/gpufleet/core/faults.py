@@ -24,6 +24,7 @@ class Fault(BaseModel):
     gpu_uuid: str | None
     count: int  # times seen (a repeated inject folds into the open fault)
     origin: str  # "injected" or "background"
+    sticky: bool = False  # broken hardware: back after every reboot; gone only on replace
     started_at: dt.datetime
     clears_at: dt.datetime | None  # a transient fault clears by itself then
     cleared_at: dt.datetime | None

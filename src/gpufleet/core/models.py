@@ -14,6 +14,8 @@ from gpufleet.core.enums import (
     Health,
     NodeState,
     ProviderKind,
+    RepairAction,
+    RepairStatus,
     Role,
     SchedulerKind,
     Severity,
@@ -164,6 +166,52 @@ class Finding(_Domain):
     first_seen: dt.datetime
     last_seen: dt.datetime
     cleared_at: dt.datetime | None
+
+
+class Repair(_Domain):
+    """A repair recommendation and its execution (DESIGN "Repair semantics")."""
+
+    id: str
+    cluster_id: str
+    node_id: str | None  # None for an infrastructure incident
+    node_name: str | None
+    kind: str  # "node" | "incident"
+    source: str  # "policy" | "manual"
+    action: RepairAction
+    status: RepairStatus
+    signature_id: str
+    host: str | None
+    gpu_index: int | None
+    reason: str
+    rule: str
+    evidence: dict[str, Any]
+    finding_ids: list[str]
+    incident_key: str | None
+    node_ids: list[str]
+    escalated_from: RepairAction | None
+    auto_approved: bool
+    forced: bool
+    requested_by: str | None
+    decided_by: str | None
+    decision_reason: str | None
+    detail: str  # the last word on progress: "waiting for job 4711 (alice) to end"
+    jobs: list[dict[str, Any]] | None = None  # live, on show: the jobs on the node now
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    approved_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class Breaker(_Domain):
+    """A cluster's repair circuit breaker."""
+
+    cluster_id: str
+    tripped: bool
+    tripped_at: dt.datetime | None
+    reason: str | None
+    max_share: float
+    affected_nodes: int
+    total_nodes: int
 
 
 class HealthSummary(_Domain):

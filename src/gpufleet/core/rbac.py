@@ -21,7 +21,9 @@ class Permission(StrEnum):
     FINDING_READ = "finding.read"
     TOKEN_CREATE = "token.create"  # noqa: S105 - a permission name
     MEMBER_MANAGE = "member.manage"
+    REPAIR_READ = "repair.read"
     REPAIR_APPROVE = "repair.approve"
+    POLICY_MANAGE = "policy.manage"  # the project's repair policy; the breaker reset
     CHECK_RUN = "check.run"
 
 
@@ -32,6 +34,7 @@ _READ = frozenset(
         Permission.NODE_READ,
         Permission.EVENT_READ,
         Permission.FINDING_READ,
+        Permission.REPAIR_READ,
     }
 )
 

@@ -52,6 +52,10 @@ class Instance:
     leaf_switch: str | None = None
     pdu: str | None = None
     error: str | None = None  # why it failed, for a FAILED instance
+    # When the machine last started booting (creation, reboot, power cycle, reinstall).
+    # The reconciler records when it asked for a reboot before asking; after a crash it
+    # compares the two to know whether the reboot already happened. None: not known.
+    booted_at: dt.datetime | None = None
 
 
 @runtime_checkable
@@ -118,5 +122,18 @@ class SupportsReplace(Protocol):
         """Failover: give back ``instance_id`` and bring up a new machine in its place.
 
         Idempotent by ``request.client_token``. Kills running jobs on the old machine.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsGpuReset(Protocol):
+    async def reset_gpu(self, instance_id: str, *, gpu_index: int | None) -> None:
+        """Reset one GPU of the machine (every GPU if ``gpu_index`` is None).
+
+        On real hardware this is ``nvidia-smi -r`` through the node agent. Kills the jobs
+        using that GPU (the sim: the node's job); drain first. The machine stays up: its
+        ``booted_at`` does not change. Raises ``DriverError`` naming the node and GPU
+        when the reset fails (the GPU is then as bad as before).
         """
         ...

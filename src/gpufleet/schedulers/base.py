@@ -92,3 +92,17 @@ class SupportsDown(Protocol):
     async def down(self, node: str, *, reason: str) -> None:
         """Mark ``node`` down at once. Running jobs are killed or requeued."""
         ...
+
+
+@runtime_checkable
+class SupportsRequeue(Protocol):
+    async def requeue_jobs(self, node: str) -> list[str]:
+        """Requeue every job running on ``node`` (Slurm ``scontrol requeue``).
+
+        Each job stops on all of its nodes and goes back to the queue under the same job
+        id, to start again from the beginning wherever there is room (never on a drained
+        node). Returns the job ids requeued (empty when none ran). Raises
+        ``DriverError`` naming the node and job when a job cannot be requeued; then no
+        job is requeued.
+        """
+        ...

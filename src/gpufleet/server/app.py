@@ -17,6 +17,7 @@ from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.errors import install_error_handlers
+from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
 from gpufleet.server.routers import (
@@ -29,6 +30,7 @@ from gpufleet.server.routers import (
     nodes,
     probes,
     projects,
+    repairs,
     tokens,
 )
 from gpufleet.server.services.auth import bootstrap_owner
@@ -37,6 +39,8 @@ from gpufleet.server.sim_wiring import SimBundle, build_sim
 from gpufleet.server.workers.base import LoopDeps, LoopService
 from gpufleet.server.workers.health import HealthLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
+from gpufleet.server.workers.repair_executor import RepairExecutor
+from gpufleet.server.workers.repair_planner import RepairPlanner
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +120,18 @@ def create_app(
     _hoist_body_defs(app)
     install_error_handlers(app)
     api = APIRouter(prefix="/api/v1")
-    for module in (projects, tokens, clusters, nodes, faults, events, findings, health, agent):
+    for module in (
+        projects,
+        tokens,
+        clusters,
+        nodes,
+        faults,
+        events,
+        findings,
+        repairs,
+        health,
+        agent,
+    ):
         api.include_router(module.router)
     app.include_router(probes.router)
     app.include_router(api)
@@ -163,6 +178,21 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
         HealthLoop(
             deps,
             interval_s=max(ctx.settings.reconcile_interval_s, 2.0),
+            staleness_s=ctx.settings.staleness_s,
+        ),
+        RepairPlanner(
+            deps,
+            interval_s=ctx.settings.repair_interval_s,
+            drivers=ctx.drivers,
+            default_policy=ctx.default_repair_policy,
+        ),
+        RepairExecutor(
+            deps,
+            interval_s=ctx.settings.repair_interval_s,
+            drivers=ctx.drivers,
+            server_url=lambda: ctx.public_url,
+            default_policy=ctx.default_repair_policy,
+            failpoints=Failpoints.parse(ctx.settings.failpoints),
             staleness_s=ctx.settings.staleness_s,
         ),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.core.clock import Clock
+from gpufleet.core.repair.models import PolicyConfig
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.ingest import ReportIngestor
@@ -21,3 +22,5 @@ class AppContext:
     public_url: str = ""
     ready: bool = False
     bootstrap_token: str | None = field(default=None, repr=False)
+    # The repair policy of a project that never set one.
+    default_repair_policy: PolicyConfig = field(default_factory=PolicyConfig)

@@ -10,18 +10,30 @@ from sqlalchemy import select
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.errors import Unauthorized
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.core.repair.models import DrainTimeoutAction
 from gpufleet.server.context import AppContext
-from gpufleet.server.db.tables import ClusterRow, ProjectRow, UserRow
+from gpufleet.server.db.tables import ClusterRow, ProjectRow, RepairPolicyRow, UserRow
 from gpufleet.server.schemas.clusters import CreateClusterRequest
+from gpufleet.server.schemas.repairs import RepairPolicyRequest
 from gpufleet.server.services.auth import Caller, create_api_token, resolve_caller
 from gpufleet.server.services.clusters import create_cluster
 from gpufleet.server.services.projects import create_project
+from gpufleet.server.services.repair_policy import set_policy
 
 DEMO_PROJECT = "demo"
 DEMO_CLUSTER = "demo"
 DEMO_NODES = 16
 DEMO_GPUS_PER_NODE = 8
 TOKEN_FILE = "demo-token"  # noqa: S105 - a file name
+# Demo-sized waits: a drain gives jobs 2 minutes, then requeues them; a repaired node is
+# watched for 10 s. Nothing is auto-approved: repairs wait for `gpufleet repairs approve`.
+DEMO_REPAIR_POLICY = RepairPolicyRequest(
+    drain_timeout_s=120.0,
+    drain_timeout_action=DrainTimeoutAction.REQUEUE,
+    verify_settle_s=10.0,
+    verify_timeout_s=300.0,
+    breaker_max_share=0.25,
+)
 
 
 async def prepare_demo(ctx: AppContext) -> str:
@@ -63,6 +75,18 @@ async def prepare_demo(ctx: AppContext) -> str:
                     acceptance_tests=False,
                 ),
                 drivers=ctx.drivers,
+            )
+    async with ctx.db.transaction() as session:
+        project = await session.scalar(select(ProjectRow).where(ProjectRow.name == DEMO_PROJECT))
+        assert project is not None
+        if await session.get(RepairPolicyRow, project.id) is None:
+            caller = await resolve_caller(session, token=token)
+            await set_policy(
+                session,
+                caller=caller,
+                project_id=project.id,
+                request=DEMO_REPAIR_POLICY,
+                now=ctx.clock.now(),
             )
     return token
 

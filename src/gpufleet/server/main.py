@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -36,11 +37,24 @@ def demo_settings(*, port: int, data_dir: Path | None) -> ServerSettings:
         "port": port,
         "host": "127.0.0.1",
         "sim_agents": True,
-        # Quick boots so the whole demo fleet reports within seconds, not minutes.
-        "sim_provision_delay_s": (2.0, 6.0),
         "database_url": None,
         "announce_bootstrap_token": False,
     }
+    # Demo-sized defaults; a GPUFLEET_* variable in the environment still wins.
+    defaults: dict[str, object] = {
+        # Quick boots so the whole demo fleet reports within seconds, not minutes.
+        "sim_provision_delay_s": (2.0, 6.0),
+        # A fault every few minutes somewhere in the 128 GPUs (the real rate is ~4,000×
+        # lower), short jobs and reboots: repairs arise and finish while you watch.
+        "sim_fault_rate_per_gpu_day": 2.0,
+        "sim_job_minutes": (1.0, 4.0),
+        "sim_reboot_delay_s": (5.0, 15.0),
+        # One background fault in four is broken hardware a reboot does not fix.
+        "sim_sticky_share": 0.25,
+    }
+    for name, value in defaults.items():
+        if f"GPUFLEET_{name.upper()}" not in os.environ:
+            overrides[name] = value
     # The demo keeps its own directory so it never mixes with a real server's data.
     overrides["data_dir"] = data_dir if data_dir is not None else default_data_dir() / "demo"
     return ServerSettings(**overrides)  # type: ignore[arg-type]

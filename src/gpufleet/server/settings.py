@@ -81,6 +81,47 @@ class ServerSettings(BaseSettings):
         default=(30.0, 90.0),
         description="Range of simulated boot times, seconds (cloud VMs with GPUs: ~0.5-1.5 min).",
     )
+    sim_reboot_delay_s: tuple[float, float] = Field(
+        default=(10.0, 30.0),
+        description="Range of simulated reboot times, seconds (an OS reboot, no reinstall).",
+    )
+    sim_reset_gpu_delay_s: tuple[float, float] = Field(
+        default=(5.0, 15.0),
+        description="Range of simulated GPU reset times, seconds (the GPU is off meanwhile).",
+    )
+    sim_reboot_failure_rate: float = Field(
+        default=0.0, ge=0, le=1, description="Share of simulated reboots that never come back."
+    )
+    sim_sticky_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description=(
+            "Share of simulated background faults that are broken hardware: they come back "
+            "after every reboot and reinstall, so repairs climb the ladder (0: every repair "
+            "fixes the fault)."
+        ),
+    )
+    sim_busy_share: tuple[float, float] = Field(
+        default=(0.6, 0.8),
+        description="Share of a sim cluster's nodes its simulated users keep busy with jobs.",
+    )
+    sim_job_minutes: tuple[float, float] = Field(
+        default=(5.0, 60.0),
+        description="Range of simulated job durations, minutes (drains wait for them).",
+    )
+    repair_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Seconds between passes of the repair planner and executor (2 s: a finding "
+            "becomes a recommendation, and an approval starts, within a few seconds)."
+        ),
+    )
+    failpoints: str = Field(
+        default="",
+        description="Tests only: comma-separated failpoint names where the server exits.",
+    )
     sim_failure_rate: float = Field(
         default=0.0, ge=0, le=1, description="Share of simulated provisioning attempts that fail."
     )

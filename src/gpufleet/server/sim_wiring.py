@@ -11,6 +11,7 @@ from gpufleet.schedulers.sim.driver import SimScheduler
 from gpufleet.server.settings import ServerSettings
 from gpufleet.sim.agents import SimFleetRunner
 from gpufleet.sim.faults import FaultConfig
+from gpufleet.sim.workload import WorkloadConfig
 from gpufleet.sim.world import SimWorld
 
 WORLD_FILE = "sim-world.json"
@@ -30,12 +31,21 @@ def build_sim(settings: ServerSettings, *, clock: Clock) -> SimBundle:
     world = SimWorld(
         settings.data_dir / WORLD_FILE,
         clock=clock,
-        faults=FaultConfig(rate_per_gpu_day=settings.sim_fault_rate_per_gpu_day),
+        faults=FaultConfig(
+            rate_per_gpu_day=settings.sim_fault_rate_per_gpu_day,
+            sticky_share=settings.sim_sticky_share,
+        ),
+        workload=WorkloadConfig(
+            busy_share=settings.sim_busy_share, job_minutes=settings.sim_job_minutes
+        ),
     )
     provider = SimProvider(
         world,
         config=SimProviderConfig(
             provision_delay_s=settings.sim_provision_delay_s,
+            reboot_delay_s=settings.sim_reboot_delay_s,
+            reboot_failure_rate=settings.sim_reboot_failure_rate,
+            reset_gpu_delay_s=settings.sim_reset_gpu_delay_s,
             failure_rate=settings.sim_failure_rate,
         ),
     )

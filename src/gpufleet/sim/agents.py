@@ -88,6 +88,7 @@ class SimFleetRunner:
         self._senders: dict[str, FindingSender] = {}
         self._wakes: dict[str, asyncio.Event] = {}
         self._faults: dict[str, tuple[SimFault, ...]] = {}
+        self._resetting: dict[str, frozenset[int]] = {}  # GPUs off the bus for a reset
         self._listener: Callable[[str], None] | None = None
 
     def stats(self) -> FleetStats:
@@ -129,6 +130,7 @@ class SimFleetRunner:
         # One snapshot per pass, so agents never take the world's lock per report.
         self._busy = self._world.busy_instance_ids()
         self._faults = self._world.active_faults()
+        self._resetting = self._world.resetting_gpus()
         wanted = {
             (i.instance_id, i.boot_id): i
             for i in self._world.list_instances()
@@ -252,6 +254,7 @@ class SimFleetRunner:
                     agent.sample(
                         busy=instance.instance_id in self._busy,
                         faults=self._faults.get(instance.instance_id, ()),
+                        resetting=self._resetting.get(instance.instance_id, frozenset()),
                     )
                 )
                 batch = ReportBatch(identity=identity, reports=list(unsent))
@@ -320,7 +323,15 @@ class _SimAgent:
         self._last_seq = seq
         return seq
 
-    def sample(self, *, busy: bool, faults: Sequence[SimFault] = ()) -> NodeReport:
+    def sample(
+        self,
+        *,
+        busy: bool,
+        faults: Sequence[SimFault] = (),
+        resetting: frozenset[int] = frozenset(),
+    ) -> NodeReport:
+        """One report. GPUs in ``resetting`` are left out, as nvidia-smi shows a GPU
+        being reset: it is off the bus until the reset is done."""
         now_s = time.monotonic()
         elapsed = 10.0 if self._last_sample_s is None else now_s - self._last_sample_s
         self._last_sample_s = now_s
@@ -331,7 +342,7 @@ class _SimAgent:
         return NodeReport(
             seq=self._next_seq(),
             sampled_at=self._clock.now(),
-            gpus=apply_effects(self._samples(), faults),
+            gpus=[g for g in apply_effects(self._samples(), faults) if g.index not in resetting],
         )
 
     def _samples(self) -> list[GpuSample]:

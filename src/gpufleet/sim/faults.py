@@ -4,9 +4,16 @@ A fault belongs to one machine (and optionally one GPU of it). It is drawn in th
 background at a rate per GPU-day, or injected by hand (``gpufleet inject``). Two kinds:
 
 - *log-style* faults (an Xid, a DBE, a lost GPU) stay until the machine is rebooted,
-  reinstalled or replaced through the provider, as on real hardware;
+  reinstalled or replaced through the provider (or its GPU reset), as on real hardware;
 - *transient* ones (thermal slowdown, a flapping link) clear by themselves after a
   drawn duration.
+
+Either kind may be *sticky*: hardware that stays bad. A sticky fault never clears by
+itself and survives a reboot, a reinstall and a GPU reset: it stays open, and once the
+machine (or GPU) is back its log line recurs (``recur``: count + 1, last seen then) a
+drawn ``FaultConfig.sticky_recur_s`` later, then every ``sticky_repeat_s`` for
+``sticky_repeat_for_s``, so the agent reports it again after the repair whenever the
+repair's verification looks. Only a new host (replace, terminate) gets rid of it.
 
 The default rate and mix come from ``performance-anchors.md`` §1.4: about 0.5 unexpected
 node-affecting failures per 1,000 GPU-days (Llama 3: 0.47), split by the Llama 3 Table 5
@@ -96,6 +103,9 @@ class SimFault:
     clears_at: dt.datetime | None = None  # transient: clears by itself then
     cleared_at: dt.datetime | None = None
     origin: str = "injected"  # or "background"
+    sticky: bool = False  # bad hardware: survives restarts, recurs after each (see above)
+    recurs_at: dt.datetime | None = None  # sticky, after a restart: its line shows again then
+    recur_until: dt.datetime | None = None  # ... and keeps showing until then
 
     @property
     def active(self) -> bool:
@@ -112,6 +122,9 @@ class SimFault:
             None if self.clears_at is None else self.clears_at.isoformat(),
             None if self.cleared_at is None else self.cleared_at.isoformat(),
             self.origin,
+            self.sticky,
+            None if self.recurs_at is None else self.recurs_at.isoformat(),
+            None if self.recur_until is None else self.recur_until.isoformat(),
         ]
 
     @classmethod
@@ -130,15 +143,50 @@ class SimFault:
             clears_at=ts(raw[6]),
             cleared_at=ts(raw[7]),
             origin=str(raw[8]),
+            # Files written before sticky faults existed have 9 fields: none is sticky.
+            sticky=bool(raw[9]) if len(raw) > 9 else False,
+            recurs_at=ts(raw[10]) if len(raw) > 10 else None,
+            recur_until=ts(raw[11]) if len(raw) > 11 else None,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class FaultConfig:
-    """``rate_per_gpu_day``: background faults per GPU per day (0 turns them off)."""
+    """``rate_per_gpu_day``: background faults per GPU per day (0 turns them off).
+
+    ``sticky_share``: the share of drawn log-style (not transient) faults that are sticky,
+    0..1. 0 by default, so a repair always fixes a background fault; a demo raises it to
+    show repairs that do not help and escalate.
+
+    After a restart (boot done, GPU reset done) a sticky fault's line recurs first after
+    ``sticky_recur_s`` (``(low, high)`` seconds: the driver loading, the first job
+    touching the part), then every ``sticky_repeat_s`` seconds (0: once) until
+    ``sticky_repeat_for_s`` after the restart. The repeats are what make a repair's
+    verification see it whatever its timing: the simulator cannot know when the
+    control plane noticed the machine back, and a line from before that moment does not
+    count as "seen again". 5 s repeats for 2 minutes cover a verification that settles
+    in a few seconds (tests) as well as the default 30 s, for at most 24 finding changes
+    per restart.
+    """
 
     rate_per_gpu_day: float = DEFAULT_RATE_PER_GPU_DAY
     mix: tuple[MixEntry, ...] = LLAMA3_MIX
+    sticky_share: float = 0.0
+    sticky_recur_s: tuple[float, float] = (2.0, 5.0)
+    sticky_repeat_s: float = 5.0
+    sticky_repeat_for_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.rate_per_gpu_day < 0:
+            raise ValueError(f"rate_per_gpu_day must be >= 0, got {self.rate_per_gpu_day}")
+        if not 0.0 <= self.sticky_share <= 1.0:
+            raise ValueError(f"sticky_share must be within 0..1, got {self.sticky_share}")
+        low, high = self.sticky_recur_s
+        if not 0 <= low <= high:
+            raise ValueError(f"sticky_recur_s must be 0 <= low <= high, got {(low, high)}")
+        for name in ("sticky_repeat_s", "sticky_repeat_for_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 def signature_or_error(signature_id: str) -> Signature:
@@ -183,10 +231,72 @@ def expire(faults: Sequence[SimFault], *, now: dt.datetime) -> list[SimFault] | 
 
 
 def clear_all(faults: Sequence[SimFault], *, now: dt.datetime) -> list[SimFault] | None:
-    """A reboot, reinstall or replacement clears every fault. None when none was open."""
+    """Clear every open fault, sticky ones too. None when none was open."""
     if not any(f.active for f in faults):
         return None
     return trim([replace(f, cleared_at=now) if f.active else f for f in faults])
+
+
+def restart(
+    faults: Sequence[SimFault],
+    *,
+    now: dt.datetime,
+    back_at: dt.datetime,
+    config: FaultConfig,
+    rng: random.Random,
+    gpus: frozenset[int] | None = None,
+) -> list[SimFault] | None:
+    """A reboot, reinstall (``gpus`` None: every fault) or GPU reset (the faults on
+    ``gpus``; node-wide ones stay). Non-sticky faults clear ``now``; sticky ones stay open
+    and recur after ``back_at`` (when the machine or GPU is back) as ``config`` says.
+    None when nothing changed."""
+    out: list[SimFault] = []
+    changed = False
+    until = back_at + dt.timedelta(seconds=config.sticky_repeat_for_s)
+    for fault in faults:
+        hit = fault.active and (gpus is None or fault.gpu_index in gpus)
+        if hit and fault.sticky:
+            at = back_at + dt.timedelta(seconds=rng.uniform(*config.sticky_recur_s))
+            fault = replace(fault, recurs_at=at, recur_until=until)
+        elif hit:
+            fault = replace(fault, cleared_at=now)
+        changed = changed or hit
+        out.append(fault)
+    return trim(out) if changed else None
+
+
+def recur(
+    faults: Sequence[SimFault], *, now: dt.datetime, repeat_s: float
+) -> list[SimFault] | None:
+    """Sticky faults whose recurrence is due show again, as a repeated log line folds:
+    count + 1 per line due by ``now`` (one at ``recurs_at``, then every ``repeat_s`` up
+    to ``recur_until``), last seen at the latest. None when none was due."""
+    out: list[SimFault] = []
+    changed = False
+    for fault in faults:
+        first = fault.recurs_at
+        if not fault.active or first is None or first > now:
+            out.append(fault)
+            continue
+        step = dt.timedelta(seconds=repeat_s)
+        until = fault.recur_until
+        lines = 1
+        if repeat_s > 0 and until is not None and until > first:
+            lines += int((min(now, until) - first) / step)
+        last = first + step * (lines - 1)
+        following = last + step
+        keep_on = repeat_s > 0 and until is not None and following <= until
+        out.append(
+            replace(
+                fault,
+                count=fault.count + lines,
+                last_seen=last,
+                recurs_at=following if keep_on else None,
+                recur_until=until if keep_on else None,
+            )
+        )
+        changed = True
+    return out if changed else None
 
 
 def trim(faults: list[SimFault]) -> list[SimFault]:
@@ -214,6 +324,7 @@ class DrawnFault:
     instance_id: str
     signature_id: str
     gpu_index: int | None
+    sticky: bool = False
 
 
 class FaultModel:
@@ -239,7 +350,12 @@ class FaultModel:
                 entry = rng.choices(self.config.mix, weights=self._weights)[0]
                 signature = signature_or_error(entry.signature_id)
                 gpu = rng.randrange(gpus) if is_gpu_scoped(signature) and gpus else None
-                out.append(DrawnFault(instance_id, entry.signature_id, gpu))
+                # Draw only when asked for, so a share of 0 keeps the stream of old seeds.
+                share = self.config.sticky_share
+                sticky = (
+                    share > 0 and entry.signature_id not in TRANSIENT_S and rng.random() < share
+                )
+                out.append(DrawnFault(instance_id, entry.signature_id, gpu, sticky))
         return out
 
 
@@ -318,12 +434,20 @@ def add_fault(
     now: dt.datetime,
     rng: random.Random,
     origin: str,
+    sticky: bool = False,
 ) -> tuple[list[SimFault], SimFault]:
     """The machine's faults with one more. The same signature on the same GPU, still
-    open, folds into that fault (count and last-seen grow), as a repeated log line would."""
+    open, folds into that fault (count and last-seen grow), as a repeated log line would;
+    a sticky repeat makes it sticky. A sticky fault never clears by itself."""
     for i, fault in enumerate(faults):
         if fault.active and (fault.signature_id, fault.gpu_index) == (signature_id, gpu_index):
-            folded = replace(fault, count=fault.count + 1, last_seen=now)
+            folded = replace(
+                fault,
+                count=fault.count + 1,
+                last_seen=now,
+                sticky=fault.sticky or sticky,
+                clears_at=None if sticky else fault.clears_at,
+            )
             return [*faults[:i], folded, *faults[i + 1 :]], folded
     if sum(1 for f in faults if f.active) >= MAX_ACTIVE_FAULTS:
         raise ValueError(f"machine {instance_id} already has {MAX_ACTIVE_FAULTS} open faults")
@@ -334,8 +458,9 @@ def add_fault(
         gpu_index=gpu_index,
         started_at=now,
         last_seen=now,
-        clears_at=draw_clears_at(signature_id, now=now, rng=rng),
+        clears_at=None if sticky else draw_clears_at(signature_id, now=now, rng=rng),
         origin=origin,
+        sticky=sticky,
     )
     return trim([*faults, fault]), fault
 

@@ -36,7 +36,8 @@ class SimInstanceSpec:
 
 @dataclass(frozen=True, slots=True)
 class BootPlan:
-    """How the next boot goes: how long it takes and how often it fails."""
+    """How the next boot goes: how long it takes and how often it fails. A GPU reset
+    uses one too: how long the GPU stays off, and how often the reset fails."""
 
     delay_range_s: tuple[float, float] = (30.0, 90.0)
     failure_rate: float = 0.0
@@ -71,6 +72,9 @@ class SimInstance:
     boot_id: int  # grows on every reboot/reprovision: a new agent process on the node
     error: str | None = None
     terminated_at: dt.datetime | None = None
+    booted_at: dt.datetime | None = None  # when the last boot started (creation, reboot, ...)
+    # GPUs being reset, with when each is back: reports leave them out until then.
+    resetting_until: dict[int, dt.datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,7 @@ class SimJob:
     user: str
     account: str
     cluster_id: str
-    state: str  # Slurm's words: PENDING, RUNNING, COMPLETED, FAILED, NODE_FAIL
+    state: str  # Slurm's words: PENDING, RUNNING, COMPLETED, FAILED, NODE_FAIL, REQUEUED
     node_count: int
     nodes: tuple[str, ...]
     gpus: int
@@ -88,6 +92,7 @@ class SimJob:
     started_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
     exit_code: int | None = None
+    requeues: int = 0  # times this job was requeued before this run
 
 
 @dataclass(frozen=True, slots=True)

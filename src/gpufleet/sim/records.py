@@ -13,6 +13,8 @@ from typing import Any
 from gpufleet.sim.faults import SimFault
 from gpufleet.sim.models import SimGpu, SimInstance, SimInstanceState, SimJob
 
+BOOT_FAILURE = "sim: host failed to boot (PXE timeout after reinstall)"
+
 
 def _ts(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
@@ -44,6 +46,10 @@ class InstanceRecord:
     boot_id: int = 1
     terminated_at: dt.datetime | None = None
     faults: list[SimFault] = field(default_factory=list)  # active ones and a few cleared
+    booted_at: dt.datetime | None = None  # the last boot's start; None: created_at
+    failure: str | None = None  # why the next boot fails, when will_fail
+    gpu_resets: dict[int, dt.datetime] = field(default_factory=dict)  # GPU -> back at
+    actions: dict[str, int] = field(default_factory=dict)  # provider action -> times done
 
     def state_at(self, now: dt.datetime) -> SimInstanceState:
         # Computed, not stored: the clock alone moves an instance from pending to running,
@@ -76,13 +82,17 @@ class InstanceRecord:
             gpus=tuple(self.gpus),
             user_data=dict(self.user_data),
             boot_id=self.boot_id,
-            error=(
-                "sim: host failed to boot (PXE timeout after reinstall)"
-                if state is SimInstanceState.FAILED
-                else None
-            ),
+            error=(self.failure or BOOT_FAILURE) if state is SimInstanceState.FAILED else None,
             terminated_at=self.terminated_at,
+            booted_at=self.booted_at or self.created_at,
+            resetting_until=self.resetting_at(now),
         )
+
+    def resetting_at(self, now: dt.datetime) -> dict[int, dt.datetime]:
+        """The GPUs still resetting at ``now``, with when each is back."""
+        if self.state_at(now) is not SimInstanceState.RUNNING:
+            return {}
+        return {i: until for i, until in sorted(self.gpu_resets.items()) if until > now}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +112,10 @@ class InstanceRecord:
             "boot_id": self.boot_id,
             "terminated_at": _ts(self.terminated_at),
             "faults": [f.to_json() for f in self.faults],
+            "booted_at": _ts(self.booted_at),
+            "failure": self.failure,
+            "gpu_resets": {str(i): _ts(t) for i, t in self.gpu_resets.items()},
+            "actions": self.actions,
         }
 
     @classmethod
@@ -124,6 +138,12 @@ class InstanceRecord:
             terminated_at=_parse_ts(raw.get("terminated_at")),
             # Files written before faults existed have none.
             faults=[SimFault.from_json(str(raw["instance_id"]), f) for f in raw.get("faults", [])],
+            # Files written before these existed: boot time unknown (the snapshot shows the
+            # creation time, a lower bound), the default failure text, no resets or counts.
+            booted_at=_parse_ts(raw.get("booted_at")),
+            failure=None if raw.get("failure") is None else str(raw["failure"]),
+            gpu_resets={int(i): _req_ts(t) for i, t in dict(raw.get("gpu_resets", {})).items()},
+            actions={str(k): int(v) for k, v in dict(raw.get("actions", {})).items()},
         )
 
 
@@ -144,6 +164,8 @@ class JobRecord:
     end_at: dt.datetime | None = None  # when a running job will finish on its own
     ended_at: dt.datetime | None = None
     exit_code: int | None = None
+    requeueable: bool = True  # False: submitted with --no-requeue
+    requeues: int = 0  # times requeued (Slurm's Restarts)
 
     def snapshot(self) -> SimJob:
         return SimJob(
@@ -160,6 +182,7 @@ class JobRecord:
             started_at=self.started_at,
             ended_at=self.ended_at,
             exit_code=self.exit_code,
+            requeues=self.requeues,
         )
 
     def to_json(self) -> list[Any]:
@@ -181,6 +204,8 @@ class JobRecord:
             _ts(self.end_at),
             _ts(self.ended_at),
             self.exit_code,
+            self.requeueable,
+            self.requeues,
         ]
 
     @classmethod
@@ -201,6 +226,9 @@ class JobRecord:
             end_at=_parse_ts(raw[12]),
             ended_at=_parse_ts(raw[13]),
             exit_code=None if raw[14] is None else int(raw[14]),
+            # Files written before requeue existed have 15 fields.
+            requeueable=bool(raw[15]) if len(raw) > 15 else True,
+            requeues=int(raw[16]) if len(raw) > 16 else 0,
         )
 
 

@@ -10,7 +10,7 @@ import datetime as dt
 import random
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpufleet.sim.records import JobRecord, NodeFlags
@@ -20,7 +20,8 @@ NodeKey = tuple[str, str]  # (cluster_id, node_name)
 USERS = ("alice", "bob", "carol", "dave", "erin", "frank")
 ACCOUNTS = ("llm-pretrain", "llm-finetune", "vision", "speech", "rl-research")
 JOB_NAMES = ("pretrain", "sft", "eval", "dpo", "vit-train", "asr-train", "sweep")
-NODE_FAIL = "NODE_FAIL"
+NODE_FAIL = "NODE_FAIL"  # killed by its node going away (down, reboot, reset, terminate)
+REQUEUED = "REQUEUED"  # stopped by a requeue; the job itself went back to the queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,19 @@ class Workload:
             return True
         self.end(job, state=NODE_FAIL, exit_code=1, at=now)
         return True
+
+    def requeue(self, job: JobRecord, now: dt.datetime) -> None:
+        """Stop a running job on all its nodes and put it back at the head of the queue
+        under the same id (Slurm ``scontrol requeue``; it keeps its priority). Accounting
+        keeps the interrupted run as REQUEUED; the job runs again from the start."""
+        self.end(replace(job, nodes=list(job.nodes)), state=REQUEUED, exit_code=0, at=now)
+        job.state = "PENDING"
+        job.nodes = []
+        job.started_at = job.end_at = job.ended_at = None
+        job.exit_code = None
+        job.requeues += 1
+        self.queued.insert(0, job)
+        self.changes.append(self.queue_change())
 
     def step(
         self,

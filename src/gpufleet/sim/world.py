@@ -4,6 +4,17 @@ The sim provider and sim scheduler drivers are two views of one world, so a rebo
 the provider kills the jobs the scheduler shows, as on real hardware. Every mutation is
 saved atomically before the call returns, so a control plane killed with SIGKILL finds the
 world as it left it. Methods are synchronous and short, safe from threads and asyncio.
+
+Jobs end in accounting (``accounting_since``) with Slurm's words, so a test can tell a
+job that finished from one a repair killed:
+
+- ``COMPLETED`` / ``FAILED``: ended by itself (exit code 0 / non-zero);
+- ``NODE_FAIL``: killed because a node under it went away: ``down_node``, ``terminate``,
+  ``replace``, ``reboot`` (and power cycle), ``reprovision``, ``reset_gpu``, or a machine
+  that stopped running;
+- ``REQUEUED``: stopped by ``requeue_jobs_on_node``; the record is the interrupted run,
+  and the job itself is back in the queue as ``PENDING`` under the same id (as in
+  Slurm), to run again from the start on a node that is not drained.
 """
 
 from __future__ import annotations
@@ -140,11 +151,14 @@ class SimWorld(WorldFaults):
             self._touch(record)
             self._save()
 
-    def reboot(self, instance_id: str, *, plan: BootPlan) -> SimInstance:
-        """Restart the machine: pending for a boot delay, then running. Jobs die."""
+    def reboot(self, instance_id: str, *, plan: BootPlan, hard: bool = False) -> SimInstance:
+        """Restart the machine: pending for a boot delay, then running (or, at
+        ``plan.failure_rate``, FAILED: it never comes back). Jobs die (NODE_FAIL).
+        ``hard``: a power cycle, counted apart in ``action_counts``."""
         with self._lock:
-            record = self._require_live(instance_id, action="reboot")
-            self._restart(record, plan=plan, redraw_failure=False)
+            action = "power_cycle" if hard else "reboot"
+            record = self._require_live(instance_id, action=action.replace("_", " "))
+            self._restart(record, plan=plan, action=action)
             self._save()
             return record.snapshot(self._clock.now())
 
@@ -155,7 +169,7 @@ class SimWorld(WorldFaults):
         with self._lock:
             record = self._require_live(instance_id, action="reprovision")
             record.user_data = dict(user_data)
-            self._restart(record, plan=plan, redraw_failure=True)
+            self._restart(record, plan=plan, action="reprovision")
             self._save()
             return record.snapshot(self._clock.now())
 
@@ -169,6 +183,18 @@ class SimWorld(WorldFaults):
                 raise DriverError(f"sim: cannot replace {instance_id}: no such instance")
             self.terminate(instance_id)
             return self.provision(spec, plan=plan)
+
+    def reboot_count(self, instance_id: str) -> int:
+        """Times the machine was rebooted or power cycled (0 for an unknown one)."""
+        counts = self.action_counts(instance_id)
+        return counts.get("reboot", 0) + counts.get("power_cycle", 0)
+
+    def action_counts(self, instance_id: str) -> dict[str, int]:
+        """Provider actions done to the machine, by name: ``reboot``, ``power_cycle``,
+        ``reprovision``, ``reset_gpu`` and ``reset_gpu_failed``. Saved with the world."""
+        with self._lock:
+            record = self._instances.get(instance_id)
+            return {} if record is None else dict(record.actions)
 
     # -- the workload manager ---------------------------------------------------------
 
@@ -186,6 +212,8 @@ class SimWorld(WorldFaults):
                 flags = self._workload.flags.get(key)
                 if flags is not None and (flags.drained or flags.down):
                     continue
+                if record.gpu_resets and record.resetting_at(now):
+                    continue  # a GPU is off the bus: no job starts until it is back
                 schedulable.setdefault(record.cluster_id, []).append(
                     (record.node_name, record.gpu_count)
                 )
@@ -252,6 +280,30 @@ class SimWorld(WorldFaults):
             self._workload.set_flags(key, None)
             self._save()
 
+    def requeue_jobs_on_node(self, node_name: str, *, cluster_id: str | None = None) -> list[str]:
+        """Requeue the node's running jobs (Slurm ``scontrol requeue``); their ids.
+
+        Each job stops on all its nodes (accounting: REQUEUED) and goes back to the head
+        of the queue as PENDING under the same id; it starts again from the beginning at
+        a later ``advance``, only on nodes neither drained nor down. A job submitted with
+        ``requeueable=False`` makes the call raise ``DriverError`` and requeue nothing.
+        """
+        with self._lock:
+            record = self._resolve(node_name, cluster_id)
+            jobs = self._workload.jobs_on(self._key(record))
+            for job in jobs:
+                if not job.requeueable:
+                    raise DriverError(
+                        f"sim: node {record.node_name}: scontrol requeue {job.job_id}: "
+                        f"job {job.job_id} is not requeueable (submitted with --no-requeue)"
+                    )
+            now = self._clock.now()
+            for job in jobs:
+                self._workload.requeue(job, now)
+            if jobs:
+                self._save()
+            return [j.job_id for j in jobs]
+
     def jobs_on_node(self, node_name: str, *, cluster_id: str | None = None) -> list[SimJob]:
         """Jobs running on the node now."""
         with self._lock:
@@ -276,8 +328,10 @@ class SimWorld(WorldFaults):
         duration_s: float,
         user: str = "alice",
         account: str = "llm-pretrain",
+        requeueable: bool = True,
     ) -> SimJob:
-        """Queue a job by hand (it starts at the next ``advance`` with room for it)."""
+        """Queue a job by hand (it starts at the next ``advance`` with room for it).
+        ``requeueable=False``: like ``sbatch --no-requeue``, a requeue of it is refused."""
         with self._lock:
             job = self._workload.new_job(
                 cluster_id=cluster_id,
@@ -288,6 +342,7 @@ class SimWorld(WorldFaults):
                 rng=self._rng,
             )
             job.user, job.account = user, account
+            job.requeueable = requeueable
             self._workload.queue(job)
             self._save()
             return job.snapshot()
@@ -362,6 +417,7 @@ class SimWorld(WorldFaults):
             slot=slot,
             serial=f"SIM{rng.getrandbits(40):010X}",
             gpus=[self._new_gpu(i) for i in range(spec.gpu_count)],
+            booted_at=now,
         )
         self._index(record)
         self._touch(record)
@@ -371,17 +427,34 @@ class SimWorld(WorldFaults):
         gpu_uuid = uuid.UUID(int=self._rng.getrandbits(128), version=4)
         return SimGpu(index, f"GPU-{gpu_uuid}", str(self._rng.randrange(10**12, 10**13)))
 
-    def _restart(self, record: InstanceRecord, *, plan: BootPlan, redraw_failure: bool) -> None:
+    def _restart(self, record: InstanceRecord, *, plan: BootPlan, action: str) -> None:
         now = self._clock.now()
         self._workload.kill_on((record.cluster_id, record.node_name), now)
         record.ready_at = now + dt.timedelta(seconds=self._rng.uniform(*plan.delay_range_s))
         record.boot_id += 1
-        cleared = fm.clear_all(record.faults, now=now)  # a fresh boot: no fault survives it
-        if cleared is not None:
-            record.faults = cleared
+        record.booted_at = now
+        record.gpu_resets = {}  # a boot re-initialises every GPU
+        record.actions[action] = record.actions.get(action, 0) + 1
+        # A fresh boot clears every fault but bad hardware's, which recurs after the boot.
+        faults = fm.restart(
+            record.faults,
+            now=now,
+            back_at=record.ready_at,
+            config=self._fault_model.config,
+            rng=self._rng,
+        )
+        if faults is not None:
+            record.faults = faults
             self._notify({record.instance_id})
-        if redraw_failure:
+        if action == "reprovision":
+            # A reinstall boots over the network: its failure is drawn afresh each time.
             record.will_fail = self._rng.random() < plan.failure_rate
+            record.failure = None
+        elif plan.failure_rate > 0 and self._rng.random() < plan.failure_rate:
+            # A reboot keeps a host that already failed failed; it may also break one.
+            # No draw at rate 0, so old seeds replay as before.
+            record.will_fail = True
+            record.failure = f"sim: host did not come back after {action.replace('_', ' ')}"
         self._touch(record)
 
     def _require_live(self, instance_id: str, *, action: str) -> InstanceRecord:

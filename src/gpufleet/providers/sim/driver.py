@@ -31,6 +31,7 @@ def to_instance(sim: SimInstance) -> Instance:
         leaf_switch=sim.leaf_switch,
         pdu=sim.pdu,
         error=sim.error,
+        booted_at=sim.booted_at,
     )
 
 
@@ -47,7 +48,7 @@ def _spec(request: ProvisionRequest) -> SimInstanceSpec:
 
 class SimProvider:
     """Simulated machines. Implements Provider, SupportsPower, SupportsReboot,
-    SupportsReprovision and SupportsReplace."""
+    SupportsReprovision, SupportsReplace and SupportsGpuReset."""
 
     kind = "sim"
 
@@ -55,8 +56,10 @@ class SimProvider:
         self._world = world
         self._config = config or SimProviderConfig()
         self._boot = BootPlan(self._config.provision_delay_s, self._config.failure_rate)
-        # A reboot reuses the installed OS: quick, and it fails only if the host already did.
-        self._reboot = BootPlan(self._config.reboot_delay_s, 0.0)
+        # A reboot reuses the installed OS: quick, and it fails only if the host already
+        # did or at ``reboot_failure_rate`` (hardware that does not survive a restart).
+        self._reboot = BootPlan(self._config.reboot_delay_s, self._config.reboot_failure_rate)
+        self._reset = BootPlan(self._config.reset_gpu_delay_s, self._config.reset_gpu_failure_rate)
 
     @property
     def world(self) -> SimWorld:
@@ -96,12 +99,28 @@ class SimProvider:
         return PowerState.OFF if sim.state is SimInstanceState.TERMINATED else PowerState.ON
 
     async def power_cycle(self, instance_id: str) -> None:
-        """Hard power cycle: like a reboot here. Kills the node's job."""
-        await asyncio.to_thread(self._world.reboot, instance_id, plan=self._reboot)
+        """Hard power cycle: like a reboot here (counted apart). Kills the node's job."""
+        await asyncio.to_thread(self._world.reboot, instance_id, plan=self._reboot, hard=True)
 
     async def reboot(self, instance_id: str) -> None:
-        """Reboot: pending for ``reboot_delay_s``, then running. Kills the node's job."""
+        """Reboot: pending for ``reboot_delay_s``, then running; at ``reboot_failure_rate``
+        FAILED instead, with an ``error``. Sets ``booted_at``. Kills the node's job
+        (NODE_FAIL). Raises ``DriverError`` for a missing or terminated instance."""
         await asyncio.to_thread(self._world.reboot, instance_id, plan=self._reboot)
+
+    async def reset_gpu(self, instance_id: str, *, gpu_index: int | None) -> None:
+        """Reset one GPU (all if None) of a running machine; returns at once.
+
+        The GPU is then off the bus for ``reset_gpu_delay_s`` (missing from the node's
+        reports, no job starts on the node) and back after it, its non-sticky faults
+        cleared; node-wide and sticky faults stay. Kills the node's job (NODE_FAIL);
+        ``booted_at`` does not change. Raises ``DriverError`` naming the node and the
+        command at ``reset_gpu_failure_rate`` (nothing changed then), and for a machine
+        that is not running or a GPU out of range.
+        """
+        await asyncio.to_thread(
+            self._world.reset_gpu, instance_id, gpu_index=gpu_index, plan=self._reset
+        )
 
     async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> None:
         """Reinstall and boot with ``user_data``; takes a full provisioning delay."""

@@ -58,12 +58,17 @@ def to_sched_job(job: SimJob) -> SchedJob:
         started_at=job.started_at,
         ended_at=job.ended_at,
         exit_code=job.exit_code,
-        extra={"cluster_id": job.cluster_id, "partition": "gpu"},
+        extra={"cluster_id": job.cluster_id, "partition": "gpu", "restarts": str(job.requeues)},
     )
 
 
 class SimScheduler:
-    """Simulated workload manager. Implements Scheduler, SupportsDrain and SupportsDown."""
+    """Simulated workload manager. Implements Scheduler, SupportsDrain, SupportsDown and
+    SupportsRequeue.
+
+    Job states in accounting: COMPLETED/FAILED (ended by itself), NODE_FAIL (killed by
+    its node going away: down, reboot, reprovision, GPU reset, terminate) and REQUEUED
+    (stopped by ``requeue_jobs``; the same job id is PENDING again)."""
 
     kind = "sim"
 
@@ -133,6 +138,17 @@ class SimScheduler:
         self._check_available(f"scontrol update nodename={node} state=down")
         await asyncio.to_thread(
             self._world.down_node, node, reason=reason, cluster_id=self._cluster_id
+        )
+
+    async def requeue_jobs(self, node: str) -> list[str]:
+        """Requeue the jobs on ``node``: each stops (REQUEUED in accounting) and waits in
+        the queue under its id, to start again on a node that is not drained. Returns the
+        job ids. Raises ``DriverError`` for an unknown node, an unavailable scheduler or a
+        job that cannot be requeued (then none is)."""
+        # Move the workload first: a job whose time is up completed, it is not requeued.
+        await self._fresh(f"scontrol requeue (jobs on {node})")
+        return await asyncio.to_thread(
+            self._world.requeue_jobs_on_node, node, cluster_id=self._cluster_id
         )
 
     def _check_available(self, command: str) -> None:

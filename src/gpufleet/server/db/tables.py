@@ -163,6 +163,10 @@ class ClusterRow(_Leased, Base):
     autoscale_max: Mapped[int | None] = mapped_column(Integer)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     provider_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The repair circuit breaker: set when too much of the cluster was out at once; no
+    # repair starts until an admin resets it.
+    repair_breaker_tripped_at: Mapped[dt.datetime | None]
+    repair_breaker_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     deleted_at: Mapped[dt.datetime | None]
@@ -277,6 +281,7 @@ class CheckRunRow(_Leased, Base):
 
 class RepairRow(_Leased, Base):
     __tablename__ = "repair"
+    __table_args__ = (Index("ix_repair_cluster_status", "cluster_id", "status"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     cluster_id: Mapped[str] = mapped_column(
@@ -285,14 +290,48 @@ class RepairRow(_Leased, Base):
     node_id: Mapped[str | None] = mapped_column(
         ForeignKey("node.id", ondelete="CASCADE"), index=True
     )
+    kind: Mapped[str] = mapped_column(String(16), default="node", server_default="node")
+    source: Mapped[str] = mapped_column(String(16), default="policy", server_default="policy")
     action: Mapped[str] = mapped_column(String(24))
     status: Mapped[str] = mapped_column(String(16), index=True)
+    signature_id: Mapped[str] = mapped_column(String(80), default="", server_default="")
+    # The machine the repair was made for (serial, else instance id): the ladder's history.
+    host: Mapped[str | None] = mapped_column(String(128), index=True)
+    gpu_index: Mapped[int | None] = mapped_column(Integer)  # for reset_gpu; None: all
+    finding_ids: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    # An incident's member nodes.
+    node_ids: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    incident_key: Mapped[str | None] = mapped_column(String(200), index=True)
+    escalated_from: Mapped[str | None] = mapped_column(String(24))
     reason: Mapped[str] = mapped_column(Text)
-    rule: Mapped[str] = mapped_column(String(120))
+    rule: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    auto_approved: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    forced: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    requested_by: Mapped[str | None] = mapped_column(String(128))
     decided_by: Mapped[str | None] = mapped_column(String(128))
     decision_reason: Mapped[str | None] = mapped_column(Text)
+    # Step bookkeeping the reconciler needs to resume after a crash (when it asked the
+    # provider to act, the replacement machine, ...), and the last word on progress.
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+    detail: Mapped[str] = mapped_column(Text, default="", server_default="")
+    step_started_at: Mapped[dt.datetime | None]
+    approved_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None] = mapped_column(index=True)
     created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+
+
+class RepairPolicyRow(Base):
+    """A project's repair policy (``core.repair.models.PolicyConfig`` as JSON)."""
+
+    __tablename__ = "repair_policy"
+
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("project.id", ondelete="CASCADE"), primary_key=True
+    )
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    updated_by: Mapped[str] = mapped_column(String(128))
     updated_at: Mapped[dt.datetime]
 
 

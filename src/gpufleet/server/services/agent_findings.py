@@ -169,6 +169,33 @@ def _clear(
     )
 
 
+async def refresh_node_health(
+    session: AsyncSession,
+    *,
+    node: NodeRow,
+    project_id: str,
+    now: dt.datetime,
+    staleness_s: float,
+) -> None:
+    """Recompute a node's and its GPUs' health from its open findings (after a repair
+    closed some)."""
+    await session.flush()
+    open_rows = list(
+        await session.scalars(
+            select(FindingRow).where(FindingRow.node_id == node.id, FindingRow.cleared_at.is_(None))
+        )
+    )
+    await _refresh_health(
+        session,
+        node=node,
+        project_id=project_id,
+        open_rows=open_rows,
+        now=now,
+        staleness_s=staleness_s,
+        actor="system:repairs",
+    )
+
+
 async def _refresh_health(
     session: AsyncSession,
     *,
@@ -177,6 +204,7 @@ async def _refresh_health(
     open_rows: list[FindingRow],
     now: dt.datetime,
     staleness_s: float,
+    actor: str | None = None,
 ) -> None:
     gpus = list(
         await session.scalars(
@@ -205,7 +233,7 @@ async def _refresh_health(
         project_id=project_id,
         cluster_id=node.cluster_id,
         node_id=node.id,
-        actor=f"node:{node.name}",
+        actor=actor or f"node:{node.name}",
         data={"from": node.health, "to": health.value},
         ts=now,
     )
@@ -220,4 +248,4 @@ def _rank(severity: Severity) -> int:
     return _SEVERITY_RANK[severity]
 
 
-__all__ = ["apply_finding_batch"]
+__all__ = ["apply_finding_batch", "refresh_node_health"]

@@ -265,16 +265,9 @@ async def _write(
     gpu_inserts: list[dict[str, Any]],
     events: list[dict[str, Any]],
 ) -> None:
-    if gpu_inserts:
-        await session.execute(insert(GpuRow), gpu_inserts)
-    if gpu_updates:
-        # Group by the set of columns so each executemany has one statement shape.
-        shapes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
-        for values in gpu_updates.values():
-            shapes[tuple(sorted(values))].append(values)
-        for rows in shapes.values():
-            await session.execute(update(GpuRow), rows)
-    node_rows = [w for w in work.values() if w.updates]
+    # Node rows first, then GPU rows, each in id order: the same order as the findings
+    # path (which locks the node, then writes its GPUs), so the two never deadlock.
+    node_rows = sorted((w for w in work.values() if w.updates), key=lambda w: w.node.id)
     if node_rows:
         shapes_n: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
         for w in node_rows:
@@ -291,5 +284,14 @@ async def _write(
                 # Never move a node's sequence backwards, even if two replicas race.
                 stmt = stmt.where(table.c.last_report_seq < bindparam("v_last_report_seq"))
             await session.execute(stmt, rows_n)
+    if gpu_inserts:
+        await session.execute(insert(GpuRow), gpu_inserts)
+    if gpu_updates:
+        # Group by the set of columns so each executemany has one statement shape.
+        shapes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+        for _gpu_id, values in sorted(gpu_updates.items()):
+            shapes[tuple(sorted(values))].append(values)
+        for rows in shapes.values():
+            await session.execute(update(GpuRow), rows)
     if events:
         await session.execute(insert(EventRow), events)

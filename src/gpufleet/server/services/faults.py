@@ -77,6 +77,7 @@ def _to_fault(fault: SimFault, *, node: NodeRow, world: SimWorld, title: str) ->
         gpu_uuid=gpu.uuid if gpu else None,
         count=fault.count,
         origin=fault.origin,
+        sticky=fault.sticky,
         started_at=fault.started_at,
         clears_at=fault.clears_at,
         cleared_at=fault.cleared_at,
@@ -113,11 +114,17 @@ async def inject_fault(
             instance_id,
             signature_id=signature.id,
             gpu_index=request.gpu_index,
+            sticky=request.sticky,
         )
     except DriverError as exc:
         raise Conflict(f"cannot inject into node {node.name}: {exc}") from None
     where = "" if fault.gpu_index is None else f" GPU {fault.gpu_index}"
-    detail = {"signature": signature.id, "gpu_index": fault.gpu_index, "fault_id": fault.fault_id}
+    detail = {
+        "signature": signature.id,
+        "gpu_index": fault.gpu_index,
+        "fault_id": fault.fault_id,
+        "sticky": request.sticky,
+    }
     await _record(
         db,
         caller=caller,

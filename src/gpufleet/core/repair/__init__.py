@@ -1,0 +1,1 @@
+"""Repair policy: from findings and history to recommendations (pure)."""

@@ -1,0 +1,429 @@
+"""Repairs: the queue, approval and dismissal, the one function that changes a repair's
+status, and the circuit breaker.
+
+Approval is a transition that needs the admin permission (STYLE §6). Auto-approval by a
+project's policy goes through the same ``approve_repair_row`` with a system actor, so it
+is recorded the same way and meets the same breaker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpufleet.core.clock import utcnow
+from gpufleet.core.enums import EventKind, NodeState, RepairAction, RepairStatus
+from gpufleet.core.errors import Conflict, DriverError, InvalidInput, NotFound
+from gpufleet.core.ids import is_id
+from gpufleet.core.models import Breaker, Page, Repair
+from gpufleet.core.rbac import Permission
+from gpufleet.core.repair.models import (
+    ACTIVE_STATUSES,
+    ENDED_STATUSES,
+    OPEN_STATUSES,
+    PolicyConfig,
+    RepairKind,
+)
+from gpufleet.core.repair.policy import breaker_would_trip
+from gpufleet.core.transitions import REPAIR_TRANSITIONS, check_transition
+from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
+from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.services.audit import record_audit
+from gpufleet.server.services.auth import Caller, require
+from gpufleet.server.services.events import record_event
+from gpufleet.server.services.schedulers import scheduler_for
+from gpufleet.server.services.transitions import Change, record_transition
+
+# Node states that count as "out" for the breaker (besides nodes with an active repair).
+OUT_STATES = frozenset(
+    {NodeState.CORDONED, NodeState.DRAINING, NodeState.DRAINED, NodeState.REPAIRING}
+)
+_TERMINAL = ENDED_STATUSES | {
+    RepairStatus.REJECTED,
+    RepairStatus.SUPERSEDED,
+    RepairStatus.RESOLVED,
+}
+
+
+def repair_row_to_repair(
+    row: RepairRow, *, node_name: str | None, jobs: list[dict[str, Any]] | None = None
+) -> Repair:
+    return Repair(
+        id=row.id,
+        cluster_id=row.cluster_id,
+        node_id=row.node_id,
+        node_name=node_name,
+        kind=row.kind,
+        source=row.source,
+        action=RepairAction(row.action),
+        status=RepairStatus(row.status),
+        signature_id=row.signature_id,
+        host=row.host,
+        gpu_index=row.gpu_index,
+        reason=row.reason,
+        rule=row.rule,
+        evidence=row.evidence or {},
+        finding_ids=list(row.finding_ids or []),
+        incident_key=row.incident_key,
+        node_ids=list(row.node_ids or []),
+        escalated_from=RepairAction(row.escalated_from) if row.escalated_from else None,
+        auto_approved=row.auto_approved,
+        forced=row.forced,
+        requested_by=row.requested_by,
+        decided_by=row.decided_by,
+        decision_reason=row.decision_reason,
+        detail=row.detail,
+        jobs=jobs,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        approved_at=row.approved_at,
+        finished_at=row.finished_at,
+    )
+
+
+def _label(row: RepairRow, node_name: str | None) -> str:
+    if row.kind == RepairKind.INCIDENT.value:
+        return f"incident {row.incident_key}"
+    return f"repair {row.id} ({row.action} on {node_name or row.node_id})"
+
+
+def switch_repair_status(
+    session: AsyncSession,
+    *,
+    repair: RepairRow,
+    project_id: str,
+    node_name: str | None,
+    target: RepairStatus,
+    actor: str,
+    reason: str,
+    now: dt.datetime | None = None,
+    source_ip: str | None = None,
+) -> bool:
+    """The one way a repair changes status: checked, evented, audited. False if unchanged."""
+    current = RepairStatus(repair.status)
+    check_transition(
+        REPAIR_TRANSITIONS, entity=_label(repair, node_name), current=current, target=target
+    )
+    if current is target:
+        return False
+    now = now or utcnow()
+    repair.status = target.value
+    repair.updated_at = now
+    repair.step_started_at = now
+    if target in _TERMINAL:
+        repair.finished_at = now
+    record_transition(
+        session,
+        change=Change(
+            entity="repair",
+            object_id=repair.id,
+            name=f"{repair.id} ({repair.action} on {node_name or repair.incident_key})",
+            project_id=project_id,
+            cluster_id=repair.cluster_id,
+            node_id=repair.node_id,
+            old=current.value,
+            new=target.value,
+        ),
+        kind=EventKind.REPAIR_STATUS,
+        actor=actor,
+        reason=reason,
+        now=now,
+        source_ip=source_ip,
+    )
+    return True
+
+
+async def get_repair_row_or_error(
+    session: AsyncSession, *, caller: Caller, repair_id: str
+) -> tuple[RepairRow, ClusterRow, NodeRow | None]:
+    found = (
+        (
+            await session.execute(
+                select(RepairRow, ClusterRow)
+                .join(ClusterRow, ClusterRow.id == RepairRow.cluster_id)
+                .where(RepairRow.id == repair_id)
+            )
+        ).first()
+        if is_id(repair_id)
+        else None
+    )
+    if found is None or not caller.can(Permission.REPAIR_READ, found[1].project_id):
+        raise NotFound(f"repair {repair_id!r} not found", field="repair_id")
+    repair, cluster = found
+    node = await session.get(NodeRow, repair.node_id) if repair.node_id else None
+    return repair, cluster, node
+
+
+async def list_repairs(
+    session: AsyncSession,
+    *,
+    caller: Caller,
+    cluster_id: str | None = None,
+    node_id: str | None = None,
+    status: list[RepairStatus] | None = None,
+    kind: RepairKind | None = None,
+    open_only: bool = False,
+    cursor: str | None = None,
+    limit: int = 100,
+) -> Page[Repair]:
+    """Repairs, newest first."""
+    if cursor is not None and not is_id(cursor):
+        raise InvalidInput("cursor is not one this server issued", field="cursor")
+    query: Select[RepairRow, str] = (
+        select(RepairRow, NodeRow.name)
+        .join(ClusterRow, ClusterRow.id == RepairRow.cluster_id)
+        .outerjoin(NodeRow, NodeRow.id == RepairRow.node_id)
+    )
+    visible = caller.visible_project_ids()
+    if visible is not None:
+        allowed = [p for p in visible if caller.can(Permission.REPAIR_READ, p)]
+        query = query.where(ClusterRow.project_id.in_(allowed))
+    if cluster_id is not None:
+        query = query.where(RepairRow.cluster_id == cluster_id)
+    if node_id is not None:
+        query = query.where(RepairRow.node_id == node_id)
+    if status:
+        query = query.where(RepairRow.status.in_([s.value for s in status]))
+    elif open_only:
+        query = query.where(RepairRow.status.in_([s.value for s in OPEN_STATUSES]))
+    if kind is not None:
+        query = query.where(RepairRow.kind == kind.value)
+    if cursor:
+        query = query.where(RepairRow.id < cursor)
+    rows = (await session.execute(query.order_by(RepairRow.id.desc()).limit(limit + 1))).all()
+    items = [repair_row_to_repair(r, node_name=name) for r, name in rows[:limit]]
+    return Page[Repair](items=items, next_cursor=items[-1].id if len(rows) > limit else None)
+
+
+async def get_repair(
+    session: AsyncSession, *, caller: Caller, repair_id: str, drivers: DriverRegistry
+) -> Repair:
+    """One repair, with the jobs on its node read live from the scheduler (the stored
+    evidence keeps what ran there when it was recommended)."""
+    repair, cluster, node = await get_repair_row_or_error(
+        session, caller=caller, repair_id=repair_id
+    )
+    jobs: list[dict[str, Any]] | None = None
+    if node is not None and RepairStatus(repair.status) in OPEN_STATUSES:
+        jobs = await jobs_on_node(drivers, cluster=cluster, node=node)
+    return repair_row_to_repair(repair, node_name=node.name if node else None, jobs=jobs)
+
+
+async def jobs_on_node(
+    drivers: DriverRegistry, *, cluster: ClusterRow, node: NodeRow
+) -> list[dict[str, Any]]:
+    """The jobs, users and projects (accounts) on a node, for a human; an unreadable
+    scheduler is said so, never shown as "no jobs"."""
+    try:
+        scheduler = scheduler_for(drivers, cluster)
+        jobs = await scheduler.jobs_on_node(node.scheduler_name or node.name)
+    except (DriverError, InvalidInput) as exc:
+        return [{"error": f"job state unreadable: {exc.message}"}]
+    return [
+        {
+            "job_id": j.job_id,
+            "name": j.name,
+            "user": j.user,
+            "account": j.account,
+            "state": j.state,
+            "gpus": j.gpus,
+            "started_at": j.started_at.isoformat() if j.started_at else None,
+        }
+        for j in jobs
+    ]
+
+
+# -- approval -------------------------------------------------------------------------
+
+
+async def approve_repair_row(
+    session: AsyncSession,
+    *,
+    repair: RepairRow,
+    cluster: ClusterRow,
+    node: NodeRow | None,
+    policy: PolicyConfig,
+    actor: str,
+    reason: str,
+    force: bool = False,
+    now: dt.datetime,
+    source_ip: str | None = None,
+) -> str | None:
+    """PROPOSED → APPROVED. Returns None when approved, or why the breaker refused it (it
+    trips here, recorded in this transaction; the caller commits, then says no)."""
+    if RepairStatus(repair.status) is not RepairStatus.PROPOSED:
+        raise Conflict(
+            f"repair {repair.id} is {repair.status}; only a proposed repair can be approved",
+            field="status",
+        )
+    if repair.kind == RepairKind.INCIDENT.value:
+        raise Conflict(
+            f"incident {repair.incident_key} is an infrastructure fault with no node action: "
+            "fix the shared component, then dismiss it with a reason (dismissing it lets "
+            "each node's own repair be recommended)",
+            field="kind",
+        )
+    refusal = await breaker_refusal(
+        session, cluster=cluster, policy=policy, now=now, actor=actor, node_id=repair.node_id
+    )
+    if refusal is not None:
+        return refusal
+    repair.decided_by = actor
+    repair.decision_reason = reason or None
+    repair.approved_at = now
+    repair.detail = f"approved by {actor}; starting"
+    repair.forced = repair.forced or force
+    switch_repair_status(
+        session,
+        repair=repair,
+        project_id=cluster.project_id,
+        node_name=node.name if node else None,
+        target=RepairStatus.APPROVED,
+        actor=actor,
+        reason=reason or "approved",
+        now=now,
+        source_ip=source_ip,
+    )
+    return None
+
+
+async def breaker_refusal(
+    session: AsyncSession,
+    *,
+    cluster: ClusterRow,
+    policy: PolicyConfig,
+    now: dt.datetime,
+    actor: str,
+    node_id: str | None = None,
+) -> str | None:
+    """Why no repair may start now: the breaker is tripped, or one more repair would put
+    more than the policy's share of the cluster out of service (then it trips, here).
+    ``node_id``: the node the repair is for, which never counts against itself (a node a
+    failed repair left cordoned takes its next rung)."""
+    if cluster.repair_breaker_tripped_at is not None:
+        return (
+            f"the repair breaker of cluster {cluster.name} is tripped "
+            f"({cluster.repair_breaker_reason}); an admin must reset it "
+            f"(gpufleet clusters breaker-reset {cluster.name} --reason ...)"
+        )
+    affected, total = await count_out_nodes(session, cluster_id=cluster.id, exclude=node_id)
+    if not breaker_would_trip(total_nodes=total, affected_nodes=affected, config=policy):
+        return None
+    why = (
+        f"{affected} of {total} nodes already cordoned or repairing; one more would exceed "
+        f"{policy.breaker_max_share:.0%}"
+    )
+    cluster.repair_breaker_tripped_at = now
+    cluster.repair_breaker_reason = why
+    record_event(
+        session,
+        kind=EventKind.BREAKER_TRIPPED,
+        message=f"cluster {cluster.name}: repair breaker tripped: {why}",
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        actor=actor,
+        data={"affected": affected, "total": total, "max_share": policy.breaker_max_share},
+        ts=now,
+    )
+    return (
+        f"the repair breaker of cluster {cluster.name} tripped: {why}; no repair starts "
+        "until an admin resets it"
+    )
+
+
+async def count_out_nodes(
+    session: AsyncSession, *, cluster_id: str, exclude: str | None = None
+) -> tuple[int, int]:
+    """(nodes cordoned, draining, repairing or with an active repair, but ``exclude``;
+    live nodes)."""
+    nodes = (
+        await session.execute(
+            select(NodeRow.id, NodeRow.state).where(
+                NodeRow.cluster_id == cluster_id,
+                NodeRow.state.not_in([NodeState.REMOVED.value, NodeState.REMOVING.value]),
+            )
+        )
+    ).all()
+    active = set(
+        await session.scalars(
+            select(RepairRow.node_id).where(
+                RepairRow.cluster_id == cluster_id,
+                RepairRow.status.in_([s.value for s in ACTIVE_STATUSES]),
+            )
+        )
+    )
+    out = sum(
+        1
+        for node_id, state in nodes
+        if node_id != exclude and (NodeState(state) in OUT_STATES or node_id in active)
+    )
+    return out, len(nodes)
+
+
+async def get_breaker(
+    session: AsyncSession, *, cluster: ClusterRow, policy: PolicyConfig
+) -> Breaker:
+    affected, total = await count_out_nodes(session, cluster_id=cluster.id)
+    return Breaker(
+        cluster_id=cluster.id,
+        tripped=cluster.repair_breaker_tripped_at is not None,
+        tripped_at=cluster.repair_breaker_tripped_at,
+        reason=cluster.repair_breaker_reason,
+        max_share=policy.breaker_max_share,
+        affected_nodes=affected,
+        total_nodes=total,
+    )
+
+
+def reset_breaker(
+    session: AsyncSession, *, cluster: ClusterRow, caller: Caller, reason: str, now: dt.datetime
+) -> bool:
+    require(caller, Permission.POLICY_MANAGE, cluster.project_id)
+    if cluster.repair_breaker_tripped_at is None:
+        return False
+    record_event(
+        session,
+        kind=EventKind.BREAKER_RESET,
+        message=f"cluster {cluster.name}: repair breaker reset: {reason}",
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        actor=caller.actor,
+        data={"was": cluster.repair_breaker_reason, "reason": reason},
+        ts=now,
+    )
+    record_audit(
+        session,
+        actor=caller.actor,
+        action="cluster.breaker_reset",
+        object_type="cluster",
+        object_id=cluster.id,
+        project_id=cluster.project_id,
+        source_ip=caller.source_ip,
+        detail={"reason": reason, "was": cluster.repair_breaker_reason},
+    )
+    cluster.repair_breaker_tripped_at = None
+    cluster.repair_breaker_reason = None
+    cluster.updated_at = now
+    return True
+
+
+async def open_repair_on_node(session: AsyncSession, *, node_id: str) -> RepairRow | None:
+    return (
+        await session.scalars(
+            select(RepairRow)
+            .where(
+                RepairRow.node_id == node_id,
+                RepairRow.status.in_([s.value for s in OPEN_STATUSES]),
+            )
+            .order_by(RepairRow.id.desc())
+            .limit(1)
+        )
+    ).first()
+
+
+async def count_repairs_by_status(session: AsyncSession) -> dict[str, int]:
+    rows = await session.execute(select(RepairRow.status, func.count()).group_by(RepairRow.status))
+    return {str(s): int(n) for s, n in rows}

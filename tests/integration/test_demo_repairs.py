@@ -1,0 +1,74 @@
+"""The demo promise for repairs: background faults become recommendations that wait for
+an admin, and `gpufleet repairs approve ID` carries one through to back in service."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.testing.processes import ServerProcess, free_port, printed_value, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _repairs(url: str, token: str, *args: str) -> list[dict[str, Any]]:
+    listed = run_cli("repairs", "list", *args, "--output", "json", url=url, token=token)
+    assert listed.returncode == 0, listed.stderr
+    body = json.loads(listed.stdout)
+    items: list[dict[str, Any]] = body["items"] if isinstance(body, dict) else body
+    return items
+
+
+def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) -> None:
+    port = free_port()
+    proc = ServerProcess(
+        args=["demo", "--port", str(port), "--data-dir", str(tmp_path / "demo")],
+        env={
+            "GPUFLEET_DATABASE_URL": "",
+            # Faults come faster than in the demo, so the test needs no inject; no jobs
+            # and no broken hardware, so the first repair is quick and fixes the node.
+            "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "30",
+            "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
+            "GPUFLEET_SIM_STICKY_SHARE": "0",
+        },
+        log_path=tmp_path / "demo.log",
+    )
+    proc.start()
+    try:
+        url = printed_value(proc, "GPUFLEET_URL")
+        token = printed_value(proc, "GPUFLEET_TOKEN")
+        proc.wait_ready(url)
+        deadline = time.monotonic() + 180
+        proposed: list[dict[str, Any]] = []
+        while not proposed:
+            assert time.monotonic() < deadline, "no recommendation:\n" + proc.output()[-3000:]
+            time.sleep(1.0)
+            proposed = [
+                r for r in _repairs(url, token, "--status", "proposed") if r["kind"] == "node"
+            ]
+        repair = proposed[0]
+        assert repair["source"] == "policy" and repair["decided_by"] is None
+        time.sleep(3)  # nothing happens without a human
+        (still,) = [r for r in _repairs(url, token, "--all") if r["id"] == repair["id"]]
+        assert still["status"] == "proposed"
+
+        approved = run_cli("repairs", "approve", repair["id"], url=url, token=token)
+        assert approved.returncode == 0, approved.stderr
+        deadline = time.monotonic() + 120
+        while True:
+            (now,) = [r for r in _repairs(url, token, "--all") if r["id"] == repair["id"]]
+            if now["status"] in ("succeeded", "failed"):
+                break
+            assert time.monotonic() < deadline, f"repair stuck: {now}\n{proc.output()[-3000:]}"
+            time.sleep(1.0)
+        assert now["status"] == "succeeded", now
+        shown = run_cli("nodes", "show", repair["node_id"], "--output", "json", url=url,
+                        token=token)  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["state"] == "in_service"
+    finally:
+        proc.stop()
