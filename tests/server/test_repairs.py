@@ -235,3 +235,36 @@ async def test_drain_timeout_waits_by_default_and_a_force_kills_only_when_asked(
             if j.job_id == job.job_id
         ]  # fmt: skip
         assert killed.state in KILLED  # killed, and only because an admin forced it
+
+
+async def test_drain_timeout_requeues_the_jobs_when_the_policy_says_so(
+    database_url: str, tmp_path: Path
+) -> None:
+    policy = {"drain_timeout_s": 120, "drain_timeout_action": "requeue"}
+    async with sim_fleet(database_url, tmp_path, size=2, policy=policy) as fleet:
+        start = fleet.clock.now()
+        cid = fleet.cluster["id"]
+        job = fleet.world.submit_job(cluster_id=cid, node_count=1, gpus_per_node=8, duration_s=7200)
+        await fleet.tick()
+        (running,) = fleet.world.running_jobs(cluster_id=cid)
+        (name,) = running.nodes
+        await fleet.inject(name, "xid-79")
+        repair = await fleet.until(lambda: fleet.proposed_for(name), what="proposal")
+        await fleet.app.client.post(f"/api/v1/repairs/{repair['id']}/approve", json={})
+        await fleet.until(lambda: _is(fleet, repair["id"], "succeeded"), ticks=40,
+                          seconds=10, what="success after the requeue")  # fmt: skip
+        detail_events = [
+            e["message"]
+            for e in (
+                await fleet.app.client.get(
+                    "/api/v1/events", params={"kind": "repair.step", "limit": 100}
+                )
+            ).json()["items"]
+        ]
+        assert any("requeued" in m and job.job_id in m for m in detail_events), detail_events
+        ended = fleet.world.accounting_since(start, cluster_id=cid)
+        assert [j.state for j in ended if j.job_id == job.job_id] == ["REQUEUED"]
+        assert not [j for j in ended if j.state == "NODE_FAIL"]
+        # The job runs again, elsewhere, under the same id (as Slurm requeues).
+        again = [j for j in fleet.world.running_jobs(cluster_id=cid) if j.job_id == job.job_id]
+        assert again and name not in again[0].nodes

@@ -94,7 +94,9 @@ class RepairExecutor(LoopService):
         default_policy: PolicyConfig | None = None,
         failpoints: Failpoints | None = None,
         staleness_s: float = 45.0,
-        concurrency: int = 64,
+        # Steps in flight; under the store's connection pool (10 + 10 overflow on
+        # PostgreSQL) so a pass never waits for, or churns, connections.
+        concurrency: int = 16,
     ) -> None:
         super().__init__(deps, interval_s=interval_s)
         self.drivers = drivers
@@ -127,11 +129,32 @@ class RepairExecutor(LoopService):
     # -- one step -------------------------------------------------------------------------
 
     async def step(self, repair_id: str) -> None:
-        """Take one repair one step. Safe to call again at any time."""
+        """Take one repair as far as it can go now: step after step while each one moves
+        it on (approved → cordoning → draining → acting in one pass when no job runs),
+        stopping at the first that has to wait. Safe to call again at any time."""
+        for _ in range(len(ACTIVE_STATUSES) + 1):
+            before = await self.step_once(repair_id)
+            if before is None:
+                return
+            async with self.db.session() as session:
+                after = await session.scalar(
+                    select(RepairRow.status).where(RepairRow.id == repair_id)
+                )
+            if after == before.value or after is None:
+                return
+            if RepairStatus(after) not in ACTIVE_STATUSES:
+                return
+
+    async def step_once(self, repair_id: str) -> RepairStatus | None:
+        """One step; returns the status it started from (None: nothing to do)."""
         loaded = await self._load(repair_id)
         if loaded is None:
-            return
+            return None
         self.steps += 1
+        await self._dispatch(loaded)
+        return RepairStatus(loaded.repair.status)
+
+    async def _dispatch(self, loaded: _Loaded) -> None:
         if NodeState(loaded.node.state) in (NodeState.REMOVING, NodeState.REMOVED) and (
             RepairAction(loaded.repair.action) is not RepairAction.REMOVE
         ):
