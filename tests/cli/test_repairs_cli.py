@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from gpufleet.cli import config, nodes
 from gpufleet.cli.main import app
 from gpufleet.client.api import ApiClient
-from gpufleet.testing.processes import RUN_CLI, ServerProcess, free_port
+from gpufleet.testing.processes import RUN_CLI, ServerProcess, fast_sim_server_env, free_port
 
 EVIDENCE_LINE = "GPU has fallen off the bus"
 
@@ -88,22 +88,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("repairs-cli")
     port = free_port()
     token_file = tmp / "owner-token"
-    env = {
-        "GPUFLEET_DATA_DIR": str(tmp / "data"),
-        "GPUFLEET_DATABASE_URL": "",
-        "GPUFLEET_PORT": str(port),
-        "GPUFLEET_BOOTSTRAP_TOKEN_FILE": str(token_file),
-        "GPUFLEET_ANNOUNCE_BOOTSTRAP_TOKEN": "false",
-        "GPUFLEET_SIM_AGENTS": "true",
-        "GPUFLEET_SIM_PROVISION_DELAY_S": "[0.5, 1.0]",
-        "GPUFLEET_SIM_REBOOT_DELAY_S": "[1.0, 1.0]",
-        # No jobs: a drain is over at once, so a repair runs through in seconds.
-        "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
-        "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0",
-        "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
-        "GPUFLEET_REPAIR_INTERVAL_S": "0.3",
-        "GPUFLEET_REPORT_INTERVAL_S": "0.5",
-    }
+    env = fast_sim_server_env(data_dir=tmp / "data", port=port, token_file=token_file)
     url = f"http://127.0.0.1:{port}"
     server = ServerProcess(args=["server"], env=env, log_path=tmp / "server.log")
     server.start()

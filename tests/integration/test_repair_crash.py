@@ -4,7 +4,6 @@ exactly once, with one reboot and one of each transition."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from gpufleet.server.failpoints import EXIT_CODE
 from gpufleet.sim.world import SimWorld
-from gpufleet.testing.processes import ServerProcess, free_port
+from gpufleet.testing.processes import ServerProcess, fast_sim_server_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -46,21 +45,7 @@ def test_a_crash_inside_each_step_still_completes_the_repair_exactly_once(
     port = free_port()
     data_dir = tmp_path / "data"
     token_file = tmp_path / "owner-token"
-    env = {
-        "GPUFLEET_DATA_DIR": str(data_dir),
-        "GPUFLEET_DATABASE_URL": "",
-        "GPUFLEET_PORT": str(port),
-        "GPUFLEET_BOOTSTRAP_TOKEN_FILE": str(token_file),
-        "GPUFLEET_ANNOUNCE_BOOTSTRAP_TOKEN": "false",
-        "GPUFLEET_SIM_AGENTS": "true",
-        "GPUFLEET_SIM_PROVISION_DELAY_S": "[0.5, 1.0]",
-        "GPUFLEET_SIM_REBOOT_DELAY_S": "[1.0, 1.0]",
-        "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
-        "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0",
-        "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
-        "GPUFLEET_REPAIR_INTERVAL_S": "0.3",
-        "GPUFLEET_REPORT_INTERVAL_S": "0.5",
-    }
+    env = fast_sim_server_env(data_dir=data_dir, port=port, token_file=token_file)
     url = f"http://127.0.0.1:{port}"
     crashing = ServerProcess(
         args=["server"], env={**env, "GPUFLEET_FAILPOINTS": failpoint},
@@ -130,4 +115,3 @@ def test_a_crash_inside_each_step_still_completes_the_repair_exactly_once(
     instance = world.get_instance(node["provider_instance_id"])
     assert instance is not None
     assert world.reboot_count(instance.instance_id) == 1, "the machine was rebooted twice"
-    assert os.path.exists(data_dir)

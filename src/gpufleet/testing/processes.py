@@ -25,6 +25,26 @@ def free_port() -> int:
         return port
 
 
+def fast_sim_server_env(*, data_dir: Path, port: int, token_file: Path) -> dict[str, str]:
+    """``gpufleet server`` settings for a sim fleet that moves in seconds: quick boots and
+    reboots, no background jobs or faults (a drain is over at once), fast loops."""
+    return {
+        "GPUFLEET_DATA_DIR": str(data_dir),
+        "GPUFLEET_DATABASE_URL": "",
+        "GPUFLEET_PORT": str(port),
+        "GPUFLEET_BOOTSTRAP_TOKEN_FILE": str(token_file),
+        "GPUFLEET_ANNOUNCE_BOOTSTRAP_TOKEN": "false",
+        "GPUFLEET_SIM_AGENTS": "true",
+        "GPUFLEET_SIM_PROVISION_DELAY_S": "[0.5, 1.0]",
+        "GPUFLEET_SIM_REBOOT_DELAY_S": "[1.0, 1.0]",
+        "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
+        "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0",
+        "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
+        "GPUFLEET_REPAIR_INTERVAL_S": "0.3",
+        "GPUFLEET_REPORT_INTERVAL_S": "0.5",
+    }
+
+
 class CliProcess:
     """``gpufleet <args>`` in a child process, with its output in a log file."""
 
