@@ -21,6 +21,7 @@ from gpufleet.cli import (
     scan,
     server,
     tokens,
+    usage,
 )
 from gpufleet.cli.config import ENV_TOKEN, ENV_URL, GlobalOptions
 from gpufleet.cli.errors import CliError, describe
@@ -72,6 +73,7 @@ app.add_typer(tokens.app, name="tokens")
 app.add_typer(clusters.app, name="clusters")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(repairs.app, name="repairs")
+app.add_typer(usage.app, name="usage")
 app.command("events")(events.list_events)
 app.command("findings")(findings.list_findings)
 app.command("inject")(inject.inject)

@@ -83,6 +83,11 @@ def stderr() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+def print_data(data: object) -> None:
+    """Print plain JSON data (an API answer that has no model) as one JSON document."""
+    typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
 def print_json(obj: BaseModel | Sequence[BaseModel]) -> None:
     """Print the exact API object(s), as the server sent them, as one JSON document."""
     data = (

@@ -25,6 +25,7 @@ from gpufleet.cli.output import (
     fmt_time,
     note,
     plain,
+    print_data,
     print_table,
     styled,
     table,
@@ -56,10 +57,6 @@ STATUS_STYLES = {
 
 RepairRef = Annotated[str, typer.Argument(help="Repair id.")]
 ProjectReq = Annotated[str, typer.Option("--project", "-p", help="Project id or name.")]
-
-
-def _echo_json(data: object) -> None:
-    typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
 def _subject(r: Repair) -> str:
@@ -435,7 +432,7 @@ def replay_policy(
             project, days=days, cluster_id=cluster_id, policy=policy
         )
     if output is OutputFormat.JSON:
-        _echo_json(report)
+        print_data(report)
     else:
         _render_replay(report)
 
@@ -463,7 +460,7 @@ def show_policy(
     with config.client_for(ctx) as client:
         policy = client.get_repair_policy(project)
     if output is OutputFormat.JSON:
-        _echo_json(policy)
+        print_data(policy)
     else:
         _render_policy(policy)
 
@@ -562,6 +559,6 @@ def set_policy(
         policy = {**(base if base is not None else client.get_repair_policy(project)), **changes}
         stored = client.set_repair_policy(project, policy)
     if output is OutputFormat.JSON:
-        _echo_json(stored)
+        print_data(stored)
     else:
         _render_policy(stored)

@@ -521,6 +521,25 @@ class ApiClient:
         path = f"{API}/clusters/{_segment(cluster_id)}/repair-breaker/reset"
         return Breaker.model_validate(self._call("POST", path, body={"reason": reason}))
 
+    def gpu_hours(
+        self,
+        *,
+        group_by: Sequence[str] = ("project",),
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        project: str | None = None,
+        cluster: str | None = None,
+    ) -> dict[str, Any]:
+        """GPU-hours of finished jobs grouped by project, cluster, user, account, day."""
+        params: dict[str, object] = {
+            "group_by": list(group_by),
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "project": project,
+            "cluster": cluster,
+        }
+        return _object(self._call("GET", f"{API}/usage/gpu-hours", params=params), "usage")
+
     def get_repair_policy(self, project: str) -> dict[str, Any]:
         """A project's repair policy (the server's default when it never set one)."""
         data = self._call("GET", f"{API}/projects/{_segment(project)}/repair-policy")

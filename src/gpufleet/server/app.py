@@ -21,6 +21,7 @@ from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
 from gpufleet.server.routers import (
+    accounting,
     agent,
     clusters,
     events,
@@ -36,6 +37,7 @@ from gpufleet.server.routers import (
 from gpufleet.server.services.auth import bootstrap_owner
 from gpufleet.server.settings import ServerSettings
 from gpufleet.server.sim_wiring import SimBundle, build_sim
+from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
 from gpufleet.server.workers.health import HealthLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
@@ -129,6 +131,7 @@ def create_app(
         events,
         findings,
         repairs,
+        accounting,
         health,
         agent,
     ):
@@ -180,6 +183,7 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             interval_s=max(ctx.settings.reconcile_interval_s, 2.0),
             staleness_s=ctx.settings.staleness_s,
         ),
+        AccountingLoop(deps, interval_s=ctx.settings.accounting_interval_s, drivers=ctx.drivers),
         RepairPlanner(
             deps,
             interval_s=ctx.settings.repair_interval_s,

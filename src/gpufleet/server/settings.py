@@ -118,6 +118,14 @@ class ServerSettings(BaseSettings):
             "becomes a recommendation, and an approval starts, within a few seconds)."
         ),
     )
+    accounting_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds between copies of finished jobs from each scheduler's accounting "
+            "(sacct); 30 s keeps usage fresh without loading slurmdbd."
+        ),
+    )
     failpoints: str = Field(
         default="",
         description="Tests only: comma-separated failpoint names where the server exits.",
