@@ -68,9 +68,7 @@ async def test_jobs_of_three_users_are_copied_once_through_an_outage_and_a_resta
 
 async def test_bad_usage_queries_are_refused(database_url: str, tmp_path: Path) -> None:
     async with sim_fleet(database_url, tmp_path, size=1) as fleet:
-        bad = await fleet.app.client.get(
-            "/api/v1/usage/gpu-hours", params={"group_by": "planet"}
-        )
+        bad = await fleet.app.client.get("/api/v1/usage/gpu-hours", params={"group_by": "planet"})
         assert bad.status_code == 422 and error_of(bad)["field"].startswith("group_by")
         backwards = await fleet.app.client.get(
             "/api/v1/usage/gpu-hours",
