@@ -73,6 +73,14 @@ class ServerSettings(BaseSettings):
         description="Largest request body accepted (1 MiB: a 500-report batch fits easily).",
     )
     run_workers: bool = Field(default=True, description="Run the background loops in-process.")
+    slurm_conf: Path | None = Field(
+        default=None,
+        description=(
+            "slurm.conf of the Slurm cluster the `slurm` scheduler driver talks to (sets "
+            "SLURM_CONF for its sinfo/squeue/sacct/scontrol). Unset: the host's own Slurm "
+            "config, if Slurm's commands are installed; else no `slurm` driver."
+        ),
+    )
     sim_agents: bool = Field(
         default=False,
         description="Run simulated node agents for sim-provider nodes inside this process.",

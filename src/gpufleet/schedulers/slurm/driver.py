@@ -1,0 +1,294 @@
+"""``SlurmScheduler``: the ``Scheduler`` driver over a real Slurm cluster's CLI.
+
+Reads use JSON where the installed Slurm has it (``sinfo --json``/``squeue --json`` on
+21.08-22.05, ``scontrol --json`` on 23.02+) and ``scontrol -o show`` text otherwise;
+accounting always comes from ``sacct -P`` text, because 22.05's ``sacct --json`` reports
+wrong exit codes. Writes go through ``scontrol update``/``scontrol requeue``.
+
+Rules: gpufleet holds a node with DRAIN, never DOWN alone, because
+``ReturnToService=2`` puts a DOWN node back into service as soon as its slurmd answers.
+It only ever clears a drain whose reason starts with ``DRAIN_REASON_PREFIX``, and it never
+overwrites a reason someone else set (that would make their drain look like ours).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from gpufleet.core.clock import as_utc
+from gpufleet.core.errors import DriverError
+from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SchedJob, SchedNode
+from gpufleet.schedulers.slurm.client import CommandResult, SlurmCli, describe_failure
+from gpufleet.schedulers.slurm.config import SlurmConfig
+from gpufleet.schedulers.slurm.parsing import (
+    SACCT_FIELDS,
+    SlurmJobInfo,
+    SlurmNodeInfo,
+    SlurmReportedError,
+    parse_jobs_json,
+    parse_nodes_json,
+    parse_sacct,
+    parse_scontrol_jobs,
+    parse_scontrol_nodes,
+    pending_gpu_demand,
+)
+from gpufleet.schedulers.slurm.values import SlurmVersion, format_time, parse_version
+
+T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
+
+# Job states that mean "ended", for ``sacct --state``. REQUEUED is a run that was stopped
+# and queued again (``-D`` lists each run); the sim reports those too.
+ENDED_STATES = (
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "REQUEUED",
+    "TIMEOUT",
+)
+# Job states ``scontrol requeue`` acts on (a COMPLETING job is already ending).
+_REQUEUEABLE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED"})
+
+
+class SlurmScheduler:
+    """A Slurm cluster, through its CLI. Implements Scheduler, SupportsDrain,
+    SupportsDown and SupportsRequeue.
+
+    Every method raises ``DriverError`` naming the node, the command and its stderr when
+    a command fails, times out, or answers a JSON ``errors`` list; none returns an empty
+    list in place of an error.
+    """
+
+    kind = "slurm"
+
+    def __init__(self, config: SlurmConfig | None = None, *, cli: SlurmCli | None = None) -> None:
+        self._config = config or SlurmConfig()
+        self._cli = cli or SlurmCli(self._config)
+        self._version: SlurmVersion | None = None
+        self._version_lock = asyncio.Lock()
+
+    @property
+    def config(self) -> SlurmConfig:
+        return self._config
+
+    async def version(self) -> SlurmVersion:
+        """The installed Slurm (``sinfo --version``), asked once per scheduler."""
+        async with self._version_lock:
+            if self._version is None:
+                result = await self._cli.run("sinfo", "--version")
+                self._version = _parse(parse_version, result, node=None)
+            return self._version
+
+    # ------------------------------------------------------------------------ reads
+
+    async def list_nodes(self) -> list[SchedNode]:
+        """Every node Slurm knows, with state, reason, GPUs (GRES) and the jobs on it.
+        Touches nothing."""
+        nodes, jobs = await _both(self._nodes(), self._jobs())
+        on_node: dict[str, list[str]] = {}
+        for job in jobs:
+            if job.active:
+                for name in job.nodes:
+                    on_node.setdefault(name, []).append(job.job_id)
+        return [n.to_sched_node(on_node.get(n.name, ())) for n in nodes]
+
+    async def jobs_on_node(self, node: str) -> list[SchedJob]:
+        """Jobs holding ``node`` now (running, suspended or completing). Raises
+        ``DriverError`` for a node Slurm does not know."""
+        _, jobs = await _both(self._node(node), self._jobs())
+        return [j.to_sched_job() for j in jobs if j.active and node in j.nodes]
+
+    async def pending_gpu_demand(self) -> int:
+        """GPUs asked for by PENDING jobs whose reason is Resources, Priority or None
+        (just queued). Held jobs, dependencies, begin times and jobs pinned to an
+        unavailable node do not count: more nodes would not start them. A pending job
+        array counts each task it still has to run, up to its ``%`` throttle."""
+        return pending_gpu_demand(await self._jobs())
+
+    async def accounting_since(self, since: dt.datetime) -> list[SchedJob]:
+        """Jobs that ended at or after ``since`` (to the second), oldest end first, from
+        slurmdbd (``sacct``): user, account, nodes, GPUs (AllocTRES ``gres/gpu``), times,
+        exit code (128 + signal for a job killed by one). Each run of a requeued job is
+        its own record (REQUEUED, then its final state), under the same job id. Steps are
+        folded into their job. sacct learns of a job a few seconds after it ends."""
+        start = as_utc(since).replace(microsecond=0)
+        result = await self._cli.run(
+            "sacct",
+            "--allusers",
+            "--parsable2",
+            "--noheader",
+            "--duplicates",
+            "--noconvert",
+            f"--format={','.join(SACCT_FIELDS)}",
+            f"--starttime={format_time(start)}",
+            "--endtime=now",
+            f"--state={','.join(ENDED_STATES)}",
+        )
+        jobs = _parse(parse_sacct, result, node=None)
+        ended = [j for j in jobs if j.ended_at is not None and j.ended_at >= start]
+        return sorted(ended, key=lambda j: j.ended_at or start)
+
+    # ----------------------------------------------------------------------- writes
+
+    async def drain(self, node: str, *, reason: str) -> None:
+        """Drain ``node``: no new jobs start there; running jobs finish (DRAINING, then
+        DRAINED). Idempotent: a node that already has the drain flag is left as it is,
+        with its reason; a DOWN node keeps its reason too (ours would hide theirs)."""
+        if not reason.strip():
+            raise DriverError(f"slurm: node {node}: a drain needs a reason (Slurm refuses none)")
+        info = await self._node(node)
+        if info.drain:
+            return
+        kept = info.reason if info.down and info.reason else reason
+        await self._update(node, "state=drain", f"reason={kept}")
+
+    async def resume(self, node: str) -> None:
+        """Undo gpufleet's drain or down (``scontrol update state=resume``); running jobs
+        are untouched. A node that is neither drained nor down resumes trivially.
+
+        Raises:
+            DriverError: the node's reason does not start with ``DRAIN_REASON_PREFIX``
+                (someone else's drain, or Slurm's own, e.g. "Not responding"), or the
+                command fails.
+        """
+        info = await self._node(node)
+        if not (info.drain or info.down):
+            return
+        reason = info.reason or ""
+        if not reason.startswith(DRAIN_REASON_PREFIX):
+            raise DriverError(
+                f"slurm: refusing to resume node {node}: its reason {reason!r} was not set "
+                f"by gpufleet (no {DRAIN_REASON_PREFIX!r} prefix); clear it by hand with "
+                f"`scontrol update nodename={node} state=resume` if it is safe"
+            )
+        result = await self._update(node, "state=resume", check=False)
+        if result.returncode != 0:
+            # "Invalid node state specified": someone resumed it between our read and
+            # now. That is the state we wanted; anything else is a failure.
+            again = await self._node(node)
+            if again.drain or again.down:
+                raise DriverError(describe_failure(result, node=node))
+
+    async def down(self, node: str, *, reason: str) -> None:
+        """Mark ``node`` DOWN now: Slurm kills its running jobs (requeued where the job
+        allows it, else NODE_FAIL). The node is drained first, so that when
+        ``ReturnToService=2`` brings it back it stays out of service until ``resume``.
+        An existing reason is kept, as in ``drain``."""
+        if not reason.strip():
+            raise DriverError(f"slurm: node {node}: down needs a reason (Slurm refuses none)")
+        info = await self._node(node)
+        kept = info.reason if (info.drain or info.down) and info.reason else reason
+        if not info.drain:
+            await self._update(node, "state=drain", f"reason={kept}")
+        await self._update(node, "state=down", f"reason={kept}")
+
+    async def requeue_jobs(self, node: str) -> list[str]:
+        """Requeue the jobs running on ``node`` (``scontrol requeue``): each stops on all
+        its nodes and goes back to the queue under the same id (Slurm holds it until its
+        BeginTime, about two minutes). Returns the job ids, empty when none ran.
+
+        Raises:
+            DriverError: the node is unknown, a job cannot be requeued (``--no-requeue``,
+                or not a batch job: srun/salloc); then no job is requeued.
+        """
+        jobs = [j for j in await self._active_jobs(node) if j.state in _REQUEUEABLE_STATES]
+        for job in jobs:
+            why = (
+                "it was submitted with --no-requeue"
+                if not job.requeueable
+                else "it is not a batch job (srun/salloc); Slurm requeues batch jobs only"
+                if not job.batch
+                else None
+            )
+            if why is not None:
+                raise DriverError(
+                    f"slurm: node {node}: cannot requeue job {job.job_id}: {why}; "
+                    "no job was requeued"
+                )
+        if not jobs:
+            return []
+        ids = [job.job_id for job in jobs]
+        await self._cli.run("scontrol", "requeue", ",".join(ids), node=node)
+        return ids
+
+    # ---------------------------------------------------------------------- helpers
+
+    async def _use_json(self) -> bool:
+        if self._config.use_json is not None:
+            return self._config.use_json
+        return (await self.version()).has_json
+
+    async def _nodes(self) -> list[SlurmNodeInfo]:
+        if not await self._use_json():
+            result = await self._cli.run("scontrol", "--oneliner", "show", "node")
+            return _parse(parse_scontrol_nodes, result, node=None)
+        if (await self.version()).has_data_parser:
+            result = await self._cli.run("scontrol", "--json", "show", "node")
+        else:
+            # --all: nodes of hidden partitions too, as scontrol would list them.
+            result = await self._cli.run("sinfo", "--all", "--json")
+        return _parse(parse_nodes_json, result, node=None)
+
+    async def _node(self, node: str) -> SlurmNodeInfo:
+        """One node's state, read fresh. Unknown nodes make scontrol exit 1."""
+        if await self._use_json() and (await self.version()).has_data_parser:
+            result = await self._cli.run("scontrol", "--json", "show", "node", node, node=node)
+            nodes = _parse(parse_nodes_json, result, node=node)
+        else:
+            # 22.05 has no scontrol --json, and sinfo --json lists every node.
+            result = await self._cli.run("scontrol", "--oneliner", "show", "node", node, node=node)
+            nodes = _parse(parse_scontrol_nodes, result, node=node)
+        for info in nodes:
+            if info.name == node:
+                return info
+        raise DriverError(f"slurm: node {node}: `{result.command}` did not list it")
+
+    async def _jobs(self) -> list[SlurmJobInfo]:
+        if await self._use_json():
+            result = await self._cli.run("squeue", "--all", "--json")
+            return _parse(parse_jobs_json, result, node=None)
+        result = await self._cli.run("scontrol", "--oneliner", "show", "job")
+        return _parse(parse_scontrol_jobs, result, node=None)
+
+    async def _active_jobs(self, node: str) -> list[SlurmJobInfo]:
+        _, jobs = await _both(self._node(node), self._jobs())
+        return [j for j in jobs if j.active and node in j.nodes]
+
+    async def _update(self, node: str, *settings: str, check: bool = True) -> CommandResult:
+        return await self._cli.run(
+            "scontrol", "update", f"nodename={node}", *settings, node=node, check=check
+        )
+
+
+async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Run two reads at once; wait for both even when one fails (no command is left
+    running), then raise the first one's error (so messages do not depend on timing)."""
+    a, b = await asyncio.gather(first, second, return_exceptions=True)
+    for outcome in (a, b):
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return a, b  # type: ignore[return-value]
+
+
+def _parse(parser: Callable[[str], T], result: CommandResult, *, node: str | None) -> T:
+    """Run a pure parser on a command's output; its ValueError becomes a DriverError."""
+    where = f"node {node}: " if node else ""
+    try:
+        return parser(result.stdout)
+    except SlurmReportedError as exc:
+        stderr = result.stderr.strip()
+        tail = f"; stderr: {stderr[:500]}" if stderr else ""
+        raise DriverError(f"slurm: {where}`{result.command}` reported errors: {exc}{tail}") from exc
+    except ValueError as exc:
+        raise DriverError(
+            f"slurm: {where}`{result.command}`: could not read its output: {exc}"
+        ) from exc
