@@ -274,46 +274,24 @@ def _render_action(action: NodeAction) -> Callable[[NodeActionResult], None]:
     return render
 
 
-@app.command("cordon")
-def cordon_node(
-    ctx: typer.Context,
-    ref: NodeRef,
-    reason: ReasonOpt,
-    cluster: ClusterOpt = None,
-    project: ProjectOpt = None,
-    output: OutputOpt = OutputFormat.TABLE,
-) -> None:
-    """Stop new jobs landing on a node; running jobs go on."""
-    _act(ctx, NodeAction.CORDON, ref, reason=reason, cluster=cluster, project=project,
-         output=output)  # fmt: skip
+def _hold_command(action: NodeAction, doc: str) -> None:
+    def command(
+        ctx: typer.Context,
+        ref: NodeRef,
+        reason: ReasonOpt,
+        cluster: ClusterOpt = None,
+        project: ProjectOpt = None,
+        output: OutputOpt = OutputFormat.TABLE,
+    ) -> None:
+        _act(ctx, action, ref, reason=reason, cluster=cluster, project=project, output=output)
+
+    command.__doc__ = doc
+    app.command(action.value)(command)
 
 
-@app.command("uncordon")
-def uncordon_node(
-    ctx: typer.Context,
-    ref: NodeRef,
-    reason: ReasonOpt,
-    cluster: ClusterOpt = None,
-    project: ProjectOpt = None,
-    output: OutputOpt = OutputFormat.TABLE,
-) -> None:
-    """Put a cordoned or drained node back in service."""
-    _act(ctx, NodeAction.UNCORDON, ref, reason=reason, cluster=cluster, project=project,
-         output=output)  # fmt: skip
-
-
-@app.command("drain")
-def drain_node(
-    ctx: typer.Context,
-    ref: NodeRef,
-    reason: ReasonOpt,
-    cluster: ClusterOpt = None,
-    project: ProjectOpt = None,
-    output: OutputOpt = OutputFormat.TABLE,
-) -> None:
-    """Cordon a node and let its jobs finish; none is killed."""
-    _act(ctx, NodeAction.DRAIN, ref, reason=reason, cluster=cluster, project=project,
-         output=output)  # fmt: skip
+_hold_command(NodeAction.CORDON, "Stop new jobs landing on a node; running jobs go on.")
+_hold_command(NodeAction.UNCORDON, "Put a cordoned or drained node back in service.")
+_hold_command(NodeAction.DRAIN, "Cordon a node and let its jobs finish; none is killed.")
 
 
 def _repair_command(action: NodeAction, doc: str) -> None:

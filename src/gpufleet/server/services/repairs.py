@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.clock import utcnow
@@ -422,8 +422,3 @@ async def open_repair_on_node(session: AsyncSession, *, node_id: str) -> RepairR
             .limit(1)
         )
     ).first()
-
-
-async def count_repairs_by_status(session: AsyncSession) -> dict[str, int]:
-    rows = await session.execute(select(RepairRow.status, func.count()).group_by(RepairRow.status))
-    return {str(s): int(n) for s, n in rows}
