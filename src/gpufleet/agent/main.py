@@ -19,6 +19,7 @@ from gpufleet.agent.collectors.sim import SimCollector
 from gpufleet.agent.collectors.slurm import SlurmCollector
 from gpufleet.agent.detectors import Detector
 from gpufleet.agent.exporter import serve
+from gpufleet.agent.outbox import Outbox
 from gpufleet.agent.runtime import Agent
 from gpufleet.agent.sender import Sender, SendStatus
 from gpufleet.agent.settings import AgentSettings
@@ -88,6 +89,7 @@ def build_agent(
         retry_initial_s=settings.retry_initial_s,
         retry_max_s=settings.retry_max_s,
         status=status,
+        outbox=Outbox(settings.state_dir),
     )
     return Agent(
         collectors=collectors,

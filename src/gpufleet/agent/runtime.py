@@ -129,6 +129,7 @@ class Agent:
             asyncio.create_task(self._report_loop(), name="report"),
             asyncio.create_task(self.sender.run_findings(), name="send-findings"),
             asyncio.create_task(self.sender.run_metrics(), name="send-metrics"),
+            asyncio.create_task(self.sender.run_events(), name="send-events"),
             *(
                 asyncio.create_task(self._supervise(s), name=f"source-{s.name}")
                 for s in self.sources
@@ -136,6 +137,7 @@ class Agent:
         ]
         self.sender.wake_findings()  # replay what an earlier run left in the spool
         self.sender.wake_metrics()
+        self.sender.wake_events()
         try:
             await stop.wait()
         finally:

@@ -20,11 +20,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from gpufleet.agent.outbox import Outbox
 from gpufleet.agent.spool import Spool
 from gpufleet.client.agent import AgentClient
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.core.agent_protocol import (
     MAX_REPORTS_PER_BATCH,
+    EventBatch,
     FindingBatch,
     NodeIdentity,
     ReportBatch,
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 # Metrics replay in batches well under the protocol's cap: a day of spooled reports
 # then goes in ~90 requests that each stay small for the server.
 METRIC_BATCH = 100
+# The outbox is also filled by other processes (the Slurm epilog): look every few seconds.
+OUTBOX_POLL_S = 2.0
 
 
 @dataclass(slots=True)
@@ -77,15 +81,18 @@ class Sender:
         retry_initial_s: float,
         retry_max_s: float,
         status: SendStatus,
+        outbox: Outbox | None = None,
     ) -> None:
         self._client = client
         self._spool = spool
+        self._outbox = outbox
         self._identity = identity
         self._retry = (retry_initial_s, retry_max_s)
         self._status = status
         self._findings_wake = asyncio.Event()
         self._metrics_wake = asyncio.Event()
-        self._identity_sent = {"findings": False, "reports": False}
+        self._events_wake = asyncio.Event()
+        self._identity_sent = {"findings": False, "reports": False, "events": False}
 
     def wake_findings(self) -> None:
         self._findings_wake.set()
@@ -93,17 +100,28 @@ class Sender:
     def wake_metrics(self) -> None:
         self._metrics_wake.set()
 
+    def wake_events(self) -> None:
+        self._events_wake.set()
+
     async def run_findings(self) -> None:
         await self._loop("findings", self._findings_wake, self.send_findings_once)
 
     async def run_metrics(self) -> None:
         await self._loop("reports", self._metrics_wake, self.send_metrics_once)
 
+    async def run_events(self) -> None:
+        await self._loop("events", self._events_wake, self.send_events_once, idle_s=OUTBOX_POLL_S)
+
     async def _loop(
-        self, what: str, wake: asyncio.Event, send: Callable[[], Awaitable[bool]]
+        self,
+        what: str,
+        wake: asyncio.Event,
+        send: Callable[[], Awaitable[bool]],
+        *,
+        idle_s: float | None = None,
     ) -> None:
         backoff = Backoff(initial_s=self._retry[0], max_s=self._retry[1])
-        delay: float | None = None  # None: wait for a wake-up
+        delay: float | None = idle_s  # None: wait for a wake-up
         while True:
             if delay is None:
                 await wake.wait()
@@ -128,7 +146,7 @@ class Sender:
                 continue
             backoff.reset()
             self._status.consecutive_failures = 0
-            delay = 0.0 if more else None
+            delay = 0.0 if more else idle_s
 
     async def send_findings_once(self) -> bool:
         """Send the oldest pending changes. Returns whether more are pending."""
@@ -154,3 +172,18 @@ class Sender:
             self._status.report_interval_s = ack.report_interval_s
         self._status.last_report_send = time.time()
         return self._spool.metrics.depth() > 0
+
+    async def send_events_once(self) -> bool:
+        """Send the oldest queued events; delete their files once acknowledged."""
+        if self._outbox is None:
+            return False
+        pending = self._outbox.pending(MAX_REPORTS_PER_BATCH)
+        if not pending:
+            return False
+        identity = None if self._identity_sent["events"] else self._identity
+        await self._client.send_events(
+            EventBatch(identity=identity, events=[event for _, event in pending])
+        )
+        self._identity_sent["events"] = True
+        self._outbox.ack([path for path, _ in pending])
+        return self._outbox.depth() > 0

@@ -8,10 +8,18 @@ import httpx
 
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
-from gpufleet.core.agent_protocol import FindingAck, FindingBatch, ReportAck, ReportBatch
+from gpufleet.core.agent_protocol import (
+    EventAck,
+    EventBatch,
+    FindingAck,
+    FindingBatch,
+    ReportAck,
+    ReportBatch,
+)
 
 REPORTS_PATH = "/api/v1/agent/reports"
 FINDINGS_PATH = "/api/v1/agent/findings"
+EVENTS_PATH = "/api/v1/agent/events"
 
 
 class AgentClient:
@@ -45,6 +53,11 @@ class AgentClient:
         """POST finding changes at once (not with the next metrics batch)."""
         response = await self._post(FINDINGS_PATH, batch.model_dump_json(exclude_none=True))
         return FindingAck.model_validate_json(response.content)
+
+    async def send_events(self, batch: EventBatch) -> EventAck:
+        """POST timeline events (ids made by the node; repeats are dropped)."""
+        response = await self._post(EVENTS_PATH, batch.model_dump_json(exclude_none=True))
+        return EventAck.model_validate_json(response.content)
 
     async def _post(self, path: str, body: str) -> httpx.Response:
         try:

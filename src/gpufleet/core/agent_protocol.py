@@ -18,6 +18,7 @@ from gpufleet.core.enums import FindingSource, Severity
 
 MAX_GPUS_PER_NODE = 64
 MAX_REPORTS_PER_BATCH = 500
+_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 
 class _Wire(BaseModel):
@@ -117,3 +118,38 @@ class FindingAck(_Wire):
     accepted: int
     duplicates: int
     last_seq: int  # the highest finding seq the server holds for this node
+
+
+class AgentEventKind(StrEnum):
+    """What a node's agent (or a helper it runs, like the Slurm epilog) tells the timeline.
+
+    The values are the server's event kinds, so ``gpufleet events --kind`` finds them.
+    """
+
+    DAEMON = "node.daemon"  # slurmd / munge restarted by the agent, or given up on
+    CLEANUP = "node.cleanup"  # processes a finished job left behind, killed
+    GPU_STATE = "node.gpu_state"  # the scheduler's GPU view compared with the hardware
+
+
+class NodeEvent(_Wire):
+    """One thing that happened on a node. ``id`` is a UUID the node makes: the server
+    stores each id once, so resending a batch whose answer was lost does no harm."""
+
+    id: Annotated[str, Field(pattern=_UUID)]
+    kind: AgentEventKind
+    message: Annotated[str, Field(min_length=1, max_length=2000)]
+    at: dt.datetime
+    data: Annotated[dict[str, str | int | float | bool], Field(max_length=40)] = Field(
+        default_factory=dict
+    )
+
+
+class EventBatch(_Wire):
+    identity: NodeIdentity | None = None
+    events: Annotated[list[NodeEvent], Field(min_length=1, max_length=MAX_REPORTS_PER_BATCH)]
+
+
+class EventAck(_Wire):
+    node_id: str
+    accepted: int
+    duplicates: int  # ids the server already held

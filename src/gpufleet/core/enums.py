@@ -136,3 +136,6 @@ class EventKind(StrEnum):
     BREAKER_TRIPPED = "repair.breaker_tripped"
     BREAKER_RESET = "repair.breaker_reset"
     NODE_ACTION = "node.action"  # an admin's cordon / uncordon / drain
+    NODE_DAEMON = "node.daemon"  # from the agent: slurmd / munge restarted, or given up on
+    NODE_CLEANUP = "node.cleanup"  # from the Slurm epilog: a finished job's leftovers killed
+    NODE_GPU_STATE = "node.gpu_state"  # from the agent: scheduler's GPU view vs the hardware

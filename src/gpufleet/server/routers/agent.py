@@ -8,9 +8,17 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
-from gpufleet.core.agent_protocol import FindingAck, FindingBatch, ReportAck, ReportBatch
+from gpufleet.core.agent_protocol import (
+    EventAck,
+    EventBatch,
+    FindingAck,
+    FindingBatch,
+    ReportAck,
+    ReportBatch,
+)
 from gpufleet.core.errors import Unauthorized
 from gpufleet.server.deps import CtxDep, bearer_token
+from gpufleet.server.services.agent_events import apply_event_batch
 from gpufleet.server.services.agent_findings import apply_finding_batch
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, hash_token
 
@@ -68,3 +76,10 @@ async def post_findings(token_hash: NodeTokenHash, body: FindingBatch, ctx: CtxD
             now=ctx.clock.now(),
             staleness_s=ctx.settings.staleness_s,
         )
+
+
+@router.post("/events")
+async def post_events(token_hash: NodeTokenHash, body: EventBatch, ctx: CtxDep) -> EventAck:
+    """Timeline events from the node: a daemon restarted, a job's leftovers killed."""
+    async with ctx.db.transaction() as session:
+        return await apply_event_batch(session, token_hash=token_hash, batch=body)
