@@ -18,6 +18,7 @@ class RecordingServer:
         self.received: list[dict[str, Any]] = []  # every finding change POSTed
         self.stored: list[dict[str, Any]] = []  # the ones accepted (seq above last)
         self.reports: list[int] = []  # stored report seqs
+        self.events: list[dict[str, Any]] = []  # timeline events, each id once
         self.last_seq = 0
         self.last_report_seq = 0
         self.port = 0
@@ -41,6 +42,8 @@ class RecordingServer:
                     self._reply(401, {"error": {"code": "unauthorized", "message": "bad token"}})
                 elif self.path.endswith("/findings"):
                     self._reply(200, owner._findings(body["findings"]))
+                elif self.path.endswith("/events"):
+                    self._reply(200, owner._events(body["events"]))
                 else:
                     self._reply(200, owner._reports(body["reports"]))
 
@@ -89,3 +92,10 @@ class RecordingServer:
                 "last_seq": self.last_report_seq,
                 "report_interval_s": 10.0,
             }
+
+    def _events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        with self.lock:
+            held = {e["id"] for e in self.events}
+            fresh = [e for e in events if e["id"] not in held]
+            self.events.extend(fresh)
+            return {"node_id": "n1", "accepted": len(fresh), "duplicates": len(events) - len(fresh)}
