@@ -456,4 +456,4 @@ def test_server_and_demo_call_the_server_package(
 
     result = CliRunner().invoke(app, ["demo", "--port", "8181"])
     assert result.exit_code == 0, result.output
-    assert calls[-1] == ("demo", {"port": 8181, "data_dir": None})
+    assert calls[-1] == ("demo", {"port": 8181, "data_dir": None, "slurm": False})

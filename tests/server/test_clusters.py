@@ -244,3 +244,24 @@ async def test_enum_fields_accept_their_json_strings(app: RunningApp) -> None:
     assert cluster["acceptance_tests"] is False
     assert (cluster["autoscale_min"], cluster["autoscale_max"]) == (1, 4)
     assert cluster["startup_scripts"] == ["#!/bin/sh\necho hi"]
+
+
+async def test_node_names_follow_the_prefix_and_first_index(app: RunningApp) -> None:
+    await create_project(app.client, "ml")
+    body = {"project": "ml", "name": "hpc", "size": 3, "acceptance_tests": False}
+    created = await app.client.post(
+        "/api/v1/clusters", json={**body, "node_prefix": "gpu-", "first_node_index": 1}
+    )
+    assert created.status_code == 201, created.text
+    assert (created.json()["node_prefix"], created.json()["first_node_index"]) == ("gpu-", 1)
+    await run_loops(app, passes=2)
+    nodes = await nodes_of(app, created.json()["id"])
+    assert sorted(n["name"] for n in nodes) == ["gpu-001", "gpu-002", "gpu-003"]
+    assert sorted(n["hostname"] for n in nodes) == ["gpu-001", "gpu-002", "gpu-003"]
+    default = await app.client.post("/api/v1/clusters", json={**body, "name": "plain"})
+    assert default.json()["node_prefix"] == "plain-"
+    for bad in ({"node_prefix": "-x"}, {"node_prefix": "a b"}, {"first_node_index": -1}):
+        refused = await app.client.post("/api/v1/clusters", json={**body, "name": "x", **bad})
+        assert refused.status_code == 422, (bad, refused.text)
+    listed = (await app.client.get("/api/v1/clusters")).json()["items"]
+    assert {c["name"] for c in listed} == {"hpc", "plain"}  # the refused left nothing

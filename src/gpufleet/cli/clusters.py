@@ -177,6 +177,13 @@ def create_cluster(
     ] = None,
     autoscale_min: Annotated[int | None, typer.Option(min=0)] = None,
     autoscale_max: Annotated[int | None, typer.Option(min=0)] = None,
+    node_prefix: Annotated[
+        str | None,
+        typer.Option(help="Node names start with this (default '<name>-'), e.g. 'gpu-'."),
+    ] = None,
+    first_node_index: Annotated[
+        int, typer.Option(min=0, help="Number of the first node: 1 with gpu- gives gpu-001.")
+    ] = 0,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Create a cluster; it provisions, runs acceptance tests, then becomes ready."""
@@ -195,6 +202,8 @@ def create_cluster(
             autoscale_min=autoscale_min,
             autoscale_max=autoscale_max,
             labels=labels,
+            node_prefix=node_prefix,
+            first_node_index=first_node_index,
         )
     emit(output, cluster, _render_one)
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from gpufleet.cli.errors import CliError
+from gpufleet.core.errors import InvalidInput
 
 
 def _missing_extra(exc: ImportError) -> CliError:
@@ -63,6 +64,16 @@ def demo(
         Path | None,
         typer.Option(help="Keep the demo's state here (default: <per-user data dir>/demo)."),
     ] = None,
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help=(
+                "Also start the real Slurm lab (deploy/slurm-lab; root, Slurm installed) "
+                "and manage its nodes as the cluster 'slurm'."
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Run a server with a simulated fleet, ready to click through."""
     try:
@@ -70,4 +81,7 @@ def demo(
         from gpufleet.server import main as server_main
     except ImportError as exc:
         raise _missing_extra(exc) from exc
-    server_main.run_demo(port=port, data_dir=data_dir)
+    try:
+        server_main.run_demo(port=port, data_dir=data_dir, slurm=slurm)
+    except InvalidInput as exc:
+        raise CliError(str(exc)) from exc

@@ -279,6 +279,8 @@ class ApiClient:
         autoscale_min: int | None = None,
         autoscale_max: int | None = None,
         labels: Mapping[str, str] | None = None,
+        node_prefix: str | None = None,
+        first_node_index: int = 0,
     ) -> Cluster:
         body = {
             "project": project,
@@ -293,6 +295,8 @@ class ApiClient:
             "autoscale_min": autoscale_min,
             "autoscale_max": autoscale_max,
             "labels": dict(labels or {}),
+            "node_prefix": node_prefix,
+            "first_node_index": first_node_index,
         }
         return Cluster.model_validate(self._call("POST", f"{API}/clusters", body=body))
 

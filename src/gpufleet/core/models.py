@@ -93,6 +93,8 @@ class Cluster(_Domain):
     created_at: dt.datetime
     updated_at: dt.datetime
     nodes: NodeCounts | None = None
+    node_prefix: str = ""  # node names: <node_prefix><first_node_index + slot, 3 digits>
+    first_node_index: int = 0
 
 
 class Gpu(_Domain):

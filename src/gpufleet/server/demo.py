@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.errors import Unauthorized
@@ -13,6 +14,7 @@ from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.repair.models import DrainTimeoutAction
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.tables import ClusterRow, ProjectRow, RepairPolicyRow, UserRow
+from gpufleet.server.demo_slurm import DEMO_SLURM_CLUSTER, SlurmDemo
 from gpufleet.server.schemas.clusters import CreateClusterRequest
 from gpufleet.server.schemas.repairs import RepairPolicyRequest
 from gpufleet.server.services.auth import Caller, create_api_token, resolve_caller
@@ -36,10 +38,11 @@ DEMO_REPAIR_POLICY = RepairPolicyRequest(
 )
 
 
-async def prepare_demo(ctx: AppContext) -> str:
+async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> str:
     """Make sure the demo project, cluster and an admin token exist; return the token.
 
-    Idempotent: a second start on the same data dir reuses the fleet and the token.
+    With ``slurm``, also the cluster ``slurm`` on that Slurm lab's nodes. Idempotent: a
+    second start on the same data dir reuses the fleet and the token.
     """
     token = await _demo_token(ctx)
     async with ctx.db.transaction() as session:
@@ -76,6 +79,8 @@ async def prepare_demo(ctx: AppContext) -> str:
                 ),
                 drivers=ctx.drivers,
             )
+        if slurm is not None:
+            await _slurm_cluster(ctx, session, caller=caller, project=project, slurm=slurm)
     async with ctx.db.transaction() as session:
         project = await session.scalar(select(ProjectRow).where(ProjectRow.name == DEMO_PROJECT))
         assert project is not None
@@ -89,6 +94,43 @@ async def prepare_demo(ctx: AppContext) -> str:
                 now=ctx.clock.now(),
             )
     return token
+
+
+async def _slurm_cluster(
+    ctx: AppContext,
+    session: AsyncSession,
+    *,
+    caller: Caller,
+    project: ProjectRow,
+    slurm: SlurmDemo,
+) -> None:
+    """The lab's nodes as the cluster ``slurm``: sim machines, real Slurm scheduling."""
+    exists = await session.scalar(
+        select(ClusterRow.id).where(
+            ClusterRow.project_id == project.id,
+            ClusterRow.name == DEMO_SLURM_CLUSTER,
+            ClusterRow.deleted_at.is_(None),
+        )
+    )
+    if exists is not None:
+        return
+    await create_cluster(
+        session,
+        caller=caller,
+        request=CreateClusterRequest(
+            project=DEMO_PROJECT,
+            name=DEMO_SLURM_CLUSTER,
+            scheduler=SchedulerKind.SLURM,
+            provider=ProviderKind.SIM,
+            gpu_model=DEFAULT_GPU_MODEL,
+            gpus_per_node=slurm.gpus_per_node,
+            size=slurm.size,
+            acceptance_tests=False,
+            node_prefix=slurm.node_prefix,
+            first_node_index=slurm.first_index,
+        ),
+        drivers=ctx.drivers,
+    )
 
 
 async def _demo_token(ctx: AppContext) -> str:

@@ -12,6 +12,7 @@ import uvicorn
 from gpufleet.server.app import create_app
 from gpufleet.server.context import AppContext
 from gpufleet.server.demo import prepare_demo
+from gpufleet.server.demo_slurm import SlurmDemo, start_lab, stop_lab
 from gpufleet.server.settings import ServerSettings, default_data_dir
 
 
@@ -32,7 +33,9 @@ def run_server(settings: ServerSettings | None = None) -> None:
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
 
 
-def demo_settings(*, port: int, data_dir: Path | None) -> ServerSettings:
+def demo_settings(
+    *, port: int, data_dir: Path | None, slurm_conf: Path | None = None
+) -> ServerSettings:
     overrides: dict[str, object] = {
         "port": port,
         "host": "127.0.0.1",
@@ -40,6 +43,8 @@ def demo_settings(*, port: int, data_dir: Path | None) -> ServerSettings:
         "database_url": None,
         "announce_bootstrap_token": False,
     }
+    if slurm_conf is not None:
+        overrides["slurm_conf"] = slurm_conf
     # Demo-sized defaults; a GPUFLEET_* variable in the environment still wins.
     defaults: dict[str, object] = {
         # Quick boots so the whole demo fleet reports within seconds, not minutes.
@@ -60,13 +65,28 @@ def demo_settings(*, port: int, data_dir: Path | None) -> ServerSettings:
     return ServerSettings(**overrides)  # type: ignore[arg-type]
 
 
-def run_demo(*, port: int = 8080, data_dir: Path | None = None) -> None:
-    """The demo on SQLite with a simulated 16-node cluster; prints URL and token."""
+def run_demo(*, port: int = 8080, data_dir: Path | None = None, slurm: bool = False) -> None:
+    """The demo on SQLite with a simulated 16-node cluster; prints URL and token.
+
+    ``slurm``: also start the Slurm lab (``deploy/slurm-lab``) and manage its nodes as
+    the cluster ``slurm``; the lab stops (its state kept) when the demo does.
+    """
     settings = demo_settings(port=port, data_dir=data_dir)
+    lab: SlurmDemo | None = None
+    if slurm:
+        lab_dir = Path(os.environ.get("SLURM_LAB_DIR") or Path(settings.data_dir) / "slurm-lab")
+        lab = start_lab(lab_dir)
+        settings = demo_settings(port=port, data_dir=data_dir, slurm_conf=lab.slurm_conf)
+        print(
+            f"gpufleet demo: Slurm lab up in {lab.startup_s:.1f} s: {lab.size} nodes "
+            f"{lab.node_prefix}{lab.first_index:03d}... (SLURM_CONF={lab.slurm_conf})",
+            file=sys.stderr,
+            flush=True,
+        )
     configure_logging("WARNING")
 
     async def announce(ctx: AppContext) -> None:
-        token = await prepare_demo(ctx)
+        token = await prepare_demo(ctx, slurm=lab)
         print(f"GPUFLEET_URL={ctx.public_url}", flush=True)
         print(f"GPUFLEET_TOKEN={token}", flush=True)
         print(
@@ -76,4 +96,10 @@ def run_demo(*, port: int = 8080, data_dir: Path | None = None) -> None:
         )
 
     app = create_app(settings, startup_hooks=[announce])
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    try:
+        uvicorn.run(
+            app, host=settings.host, port=settings.port, log_level="warning", access_log=False
+        )
+    finally:
+        if lab is not None:
+            stop_lab(lab.slurm_conf.parent.parent)

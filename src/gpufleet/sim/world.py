@@ -209,6 +209,8 @@ class SimWorld(WorldFaults):
                     continue
                 key = (record.cluster_id, record.node_name)
                 alive.add(key)
+                if record.user_data.get("gpufleet_scheduler", "sim") != "sim":
+                    continue  # a real scheduler (Slurm) runs this machine's jobs, not ours
                 flags = self._workload.flags.get(key)
                 if flags is not None and (flags.drained or flags.down):
                     continue

@@ -163,6 +163,10 @@ class ClusterRow(_Leased, Base):
     autoscale_max: Mapped[int | None] = mapped_column(Integer)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     provider_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Node names are <node_prefix><first_node_index + slot, 3 digits>; the prefix defaults
+    # to "<name>-". Set both to adopt machines already named, e.g. Slurm's gpu-001.
+    node_prefix: Mapped[str | None] = mapped_column(String(63))
+    first_node_index: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The repair circuit breaker: set when too much of the cluster was out at once; no
     # repair starts until an admin resets it.
     repair_breaker_tripped_at: Mapped[dt.datetime | None]

@@ -11,6 +11,8 @@ from gpufleet.server.schemas.common import Name, Ref, Request
 MAX_CLUSTER_SIZE = 4096
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]{1,63}$")]
 LabelValue = Annotated[str, StringConstraints(max_length=255)]
+# A host-name start: nodes are <prefix><index, 3 digits>, e.g. "gpu-" → gpu-001, gpu-002.
+NodePrefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,59}$")]
 
 
 class CreateClusterRequest(Request):
@@ -28,3 +30,7 @@ class CreateClusterRequest(Request):
     autoscale_min: Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE, strict=True)] | None = None
     autoscale_max: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)] | None = None
     labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=64)] = {}
+    # Node names: <node_prefix><first_node_index + slot, 3 digits>. The default prefix is
+    # "<name>-" from 000; set them to match machines already named (Slurm's gpu-001...).
+    node_prefix: NodePrefix | None = None
+    first_node_index: Annotated[int, Field(ge=0, le=99_999, strict=True)] = 0

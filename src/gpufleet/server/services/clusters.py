@@ -35,9 +35,10 @@ from gpufleet.server.services.projects import get_project_row_or_error
 from gpufleet.server.services.transitions import Change, record_transition
 
 
-def node_name(cluster_name: str, slot: int) -> str:
+def node_name(cluster: ClusterRow, slot: int) -> str:
     """Stable per slot, so a re-run of provisioning finds the row it made before."""
-    return f"{cluster_name}-{slot:03d}"
+    prefix = cluster.node_prefix if cluster.node_prefix is not None else f"{cluster.name}-"
+    return f"{prefix}{cluster.first_node_index + slot:03d}"
 
 
 def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None) -> Cluster:
@@ -57,6 +58,8 @@ def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None)
         autoscale_min=row.autoscale_min,
         autoscale_max=row.autoscale_max,
         labels=dict(row.labels),
+        node_prefix=row.node_prefix if row.node_prefix is not None else f"{row.name}-",
+        first_node_index=row.first_node_index,
         created_at=row.created_at,
         updated_at=row.updated_at,
         nodes=counts,
@@ -158,6 +161,8 @@ async def create_cluster(
         autoscale_max=request.autoscale_max,
         labels=dict(request.labels),
         provider_config={},
+        node_prefix=request.node_prefix,
+        first_node_index=request.first_node_index,
         created_at=now,
         updated_at=now,
         deleted_at=None,
@@ -208,7 +213,7 @@ def new_node_rows(
         NodeRow(
             id=new_id(),
             cluster_id=cluster.id,
-            name=node_name(cluster.name, slot),
+            name=node_name(cluster, slot),
             state=NodeState.PROVISIONING.value,
             health=Health.UNKNOWN.value,
             expected_gpus=cluster.gpus_per_node,

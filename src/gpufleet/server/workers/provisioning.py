@@ -132,7 +132,7 @@ class ProvisioningLoop(LoopService):
 
     async def _ensure_slots(self, cluster: ClusterRow, nodes: list[_NodeView]) -> None:
         names = {n.name for n in nodes}
-        missing = [s for s in range(cluster.size) if node_name(cluster.name, s) not in names]
+        missing = [s for s in range(cluster.size) if node_name(cluster, s) not in names]
         if not missing:
             return
         async with self.db.transaction() as session:
@@ -141,7 +141,7 @@ class ProvisioningLoop(LoopService):
             )
             rows = new_node_rows(
                 cluster,
-                slots=[s for s in missing if node_name(cluster.name, s) not in existing],
+                slots=[s for s in missing if node_name(cluster, s) not in existing],
                 now=self.clock.now(),
             )
             session.add_all(rows)
@@ -171,7 +171,11 @@ class ProvisioningLoop(LoopService):
             node_name=node.name,
             gpu_model=cluster.gpu_model,
             gpu_count=cluster.gpus_per_node,
-            user_data={"gpufleet_url": self.server_url(), "gpufleet_node_token": token},
+            user_data={
+                "gpufleet_url": self.server_url(),
+                "gpufleet_node_token": token,
+                "gpufleet_scheduler": cluster.scheduler,
+            },
         )
         try:
             instance = await provider.provision(request)

@@ -131,7 +131,7 @@ class ActingSteps(StepBase):
                 if node is None:
                     return
                 node.token_hash = hash_token(token)  # a fresh install gets a fresh token
-            await provider.reprovision(instance_id, user_data=self._user_data(token))
+            await provider.reprovision(instance_id, user_data=self._user_data(token, loaded))
         elif action is RepairAction.RESET_GPU:
             if not isinstance(provider, SupportsGpuReset):
                 raise InvalidInput(
@@ -142,8 +142,12 @@ class ActingSteps(StepBase):
         else:
             raise InvalidInput(f"no provider call for action {action.value}")
 
-    def _user_data(self, token: str) -> dict[str, str]:
-        return {"gpufleet_url": self.server_url(), "gpufleet_node_token": token}
+    def _user_data(self, token: str, loaded: LoadedRepair) -> dict[str, str]:
+        return {
+            "gpufleet_url": self.server_url(),
+            "gpufleet_node_token": token,
+            "gpufleet_scheduler": loaded.cluster.scheduler,
+        }
 
     async def _acted(self, loaded: LoadedRepair, reason: str) -> None:
         await self.transition(
@@ -172,7 +176,7 @@ class ActingSteps(StepBase):
             node_name=loaded.node.name,
             gpu_model=loaded.cluster.gpu_model,
             gpu_count=loaded.cluster.gpus_per_node,
-            user_data=self._user_data(token),
+            user_data=self._user_data(token, loaded),
         )
         try:
             # Idempotent by client token: the same replacement every pass (its user data,
