@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def demo_settings(
     return ServerSettings(**overrides)  # type: ignore[arg-type]
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_demo(*, port: int = 8080, data_dir: Path | None = None, slurm: bool = False) -> None:
     """The demo on SQLite with a simulated 16-node cluster; prints URL and token.
 
@@ -96,6 +101,10 @@ def run_demo(*, port: int = 8080, data_dir: Path | None = None, slurm: bool = Fa
         )
 
     app = create_app(settings, startup_hooks=[announce])
+    if lab is not None:
+        # uvicorn re-raises SIGTERM once it has shut down; exit through ``finally`` then,
+        # so the lab stops too, instead of dying by the signal's default action.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(
             app, host=settings.host, port=settings.port, log_level="warning", access_log=False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -77,6 +79,16 @@ def test_demo_slurm_manages_the_lab_nodes(tmp_path: Path) -> None:
             time.sleep(0.5)
         # The names are the lab's own: Slurm knows each of them.
         assert set(lab.node_states()) == {"lab-001", "lab-002", "lab-003"}
+        proc.stop()  # SIGINT, as Ctrl-C: the demo stops the lab, keeping its state
+        status = subprocess.run(
+            [str(lab.script), "status"],
+            env={**os.environ, "SLURM_LAB_DIR": str(lab_dir)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert status.returncode == 3, status.stdout  # 3: not up
+        assert (lab_dir / "state" / "node_state").exists()
     finally:
         proc.stop()
         lab.purge()
