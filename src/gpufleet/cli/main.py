@@ -20,6 +20,7 @@ from gpufleet.cli import (
     repairs,
     scan,
     server,
+    slurm_node,
     tokens,
     usage,
 )
@@ -74,6 +75,7 @@ app.add_typer(clusters.app, name="clusters")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(repairs.app, name="repairs")
 app.add_typer(usage.app, name="usage")
+app.add_typer(slurm_node.app, name="slurm")
 app.command("events")(events.list_events)
 app.command("findings")(findings.list_findings)
 app.command("inject")(inject.inject)

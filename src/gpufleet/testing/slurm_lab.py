@@ -8,6 +8,7 @@ fake GPUs, slurmdbd on MariaDB, slurmrestd, its own munged), all as root on loop
 Stable API (the Slurm driver's tests rely on it; add to it, do not change it)::
 
     lab = SlurmLab(dir=Path("/tmp/lab"), nodes=3, gpus=8)   # keyword-only; see __init__
+                               #   (cgroup="none": proctrack/linuxproc)
     lab.up()                   # idempotent; from an empty dir waits until every node is idle
     lab.env()                  # {"SLURM_CONF": ..., "SLURM_LAB_DIR": ...}: the variables a
                                #   Slurm command needs, to lay over os.environ
@@ -105,6 +106,7 @@ class SlurmLab:
         hooks: Mapping[str, str | None] | None = None,
         up_timeout_s: float = 60.0,
         script: Path = SCRIPT,
+        cgroup: str | None = None,
     ) -> None:
         """Describe a lab; nothing starts before ``up()``.
 
@@ -122,6 +124,9 @@ class SlurmLab:
                 scripts (None or "" for none); see ``set_hook``.
             up_timeout_s: how long ``up()`` waits for the nodes.
             script: the ``slurm-lab`` script.
+            cgroup: ``SLURM_LAB_CGROUP``: ``auto`` (cgroup v1 when the host has it),
+                ``v1``, or ``none`` (proctrack/linuxproc: a ``setsid`` child escapes
+                the job); None keeps what the dir recorded, else auto.
         """
         if nodes < 1 or gpus < 1:
             raise ValueError(f"a lab needs at least 1 node and 1 GPU, got {nodes} and {gpus}")
@@ -136,6 +141,9 @@ class SlurmLab:
         self.hooks: dict[str, str | None] = dict(hooks or {})
         self.up_timeout_s = up_timeout_s
         self.script = script
+        if cgroup not in (None, "auto", "v1", "none"):
+            raise ValueError(f"cgroup must be auto, v1 or none, got {cgroup!r}")
+        self.cgroup = cgroup
         self.startup_s: float | None = None
 
     # ---------------------------------------------------------------- facts
@@ -351,6 +359,8 @@ class SlurmLab:
             env["SLURM_LAB_PORT_BASE"] = str(self.port_base)
         if self.first_job_id is not None:
             env["SLURM_LAB_FIRST_JOB_ID"] = str(self.first_job_id)
+        if self.cgroup is not None:
+            env["SLURM_LAB_CGROUP"] = self.cgroup
         for name, command in self.hooks.items():
             env[f"SLURM_LAB_{name.upper()}"] = command or ""
         return env
