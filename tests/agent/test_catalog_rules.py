@@ -169,6 +169,41 @@ def slurm(states: Iterable[str], reason: str = "") -> CollectorResult:
     )
 
 
+def flapping(daemon: str, active: bool) -> CollectorResult:
+    """One ``DaemonSupervisor`` report for ``daemon``."""
+    return CollectorResult(
+        conditions=[
+            Condition(
+                "daemon_flapping",
+                active,
+                f"{daemon}: restarted",
+                component=daemon,
+                attrs={"daemon": daemon},
+            )
+        ]
+    )
+
+
+def gres(kind: str, active: bool) -> CollectorResult:
+    """One ``GresCheck`` report of one kind of mismatch."""
+    return CollectorResult(
+        conditions=[
+            Condition(
+                "slurm_gres_mismatch",
+                active,
+                f"{kind}: Slurm 8, node 6",
+                component=f"slurm-gres-{kind.replace('_', '-')}",
+                attrs={"mismatch": kind},
+            )
+        ]
+    )
+
+
+def gres_case(kind: str) -> Case:
+    at = f"slurm-gres-{kind.replace('_', '-')}"
+    return state_case(gres(kind, False), gres(kind, True), gres(kind, False), at)
+
+
 UP = ("IDLE",)
 DRAIN = ("IDLE", "DRAIN")
 DOWN = ("DOWN",)
@@ -504,6 +539,16 @@ CASES: dict[str, Case] = {
         DRAIN, "NHC: check_gpu: GPU 3 has uncorrectable ECC errors", "gpufleet: repair r-1"
     ),
     "slurm-foreign-down": slurm_case(DOWN, "admin: PSU swap", "gpufleet: reboot r-2"),
+    # The agent's daemon supervisor and its Slurm-vs-hardware GPU check.
+    "slurmd-keeps-dying": state_case(
+        flapping("slurmd", False), flapping("slurmd", True), flapping("slurmd", False), "slurmd"
+    ),
+    "munge-keeps-dying": state_case(
+        flapping("munge", False), flapping("munge", True), flapping("munge", False), "munge"
+    ),
+    "slurm-gres-more-than-hardware": gres_case("count_high"),
+    "slurm-gres-fewer-than-hardware": gres_case("count_low"),
+    "slurm-gres-type-mismatch": gres_case("type"),
 }
 
 
@@ -560,7 +605,7 @@ def test_rule_fires(sig_id: str) -> None:
     if case.at in PCI:
         i = PCI.index(case.at)
         assert (finding.gpu_index, finding.gpu_uuid, finding.pci_bus_id) == (i, UUID[i], PCI[i])
-    elif case.at in PORT:
+    elif case.at in PORT or case.at != NODE:  # an IB port, a daemon, a GRES check
         assert finding.component == case.at and finding.pci_bus_id is None
     else:
         assert (finding.gpu_uuid, finding.pci_bus_id, finding.component) == (None, None, None)

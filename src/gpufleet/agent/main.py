@@ -17,10 +17,12 @@ from gpufleet.agent.collectors.kmsg import KernelLogFollower, make_source
 from gpufleet.agent.collectors.nvml import NvmlCollector
 from gpufleet.agent.collectors.sim import SimCollector
 from gpufleet.agent.collectors.slurm import SlurmCollector
+from gpufleet.agent.daemons import DaemonSpec, DaemonSupervisor, SupervisorPolicy
 from gpufleet.agent.detectors import Detector
 from gpufleet.agent.exporter import serve
+from gpufleet.agent.gres_check import GresCheck
 from gpufleet.agent.outbox import Outbox
-from gpufleet.agent.runtime import Agent
+from gpufleet.agent.runtime import Agent, SampleCheck
 from gpufleet.agent.sender import Sender, SendStatus
 from gpufleet.agent.settings import AgentSettings
 from gpufleet.agent.spool import Spool
@@ -31,10 +33,12 @@ from gpufleet.core.clock import Clock, SystemClock
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
-KNOWN_COLLECTORS = frozenset({"nvml", "kmsg", "infiniband", "slurm", "sim"})
+KNOWN_COLLECTORS = frozenset({"nvml", "kmsg", "infiniband", "slurm", "daemons", "sim"})
 
 
 def build_collectors(settings: AgentSettings) -> tuple[list[Collector], list[EventSource]]:
+    """The collectors and event sources the settings ask for (``build_checks`` adds the
+    checks that look at their results together)."""
     unknown = set(settings.collectors) - KNOWN_COLLECTORS
     if unknown:
         raise ValueError(f"unknown collectors {sorted(unknown)}; known: {sorted(KNOWN_COLLECTORS)}")
@@ -51,13 +55,66 @@ def build_collectors(settings: AgentSettings) -> tuple[list[Collector], list[Eve
         collectors.append(
             InfinibandCollector(root=settings.infiniband_root, exclude=settings.infiniband_exclude)
         )
+    slurm: SlurmCollector | None = None
     if "slurm" in wanted:
-        collectors.append(SlurmCollector(hostname=settings.hostname))
+        slurm = SlurmCollector(hostname=settings.hostname)
+        collectors.append(slurm)
+    if "daemons" in wanted:
+        collectors.append(build_supervisor(settings, slurm))
     if "kmsg" in wanted:
         reader = make_source(settings.kernel_log, state_dir=settings.state_dir)
         if reader is not None:
             sources.append(KernelLogFollower(reader))
     return collectors, sources
+
+
+def build_supervisor(settings: AgentSettings, slurm: SlurmCollector | None) -> DaemonSupervisor:
+    specs = []
+    if settings.slurmd_pidfile is not None:
+        specs.append(
+            DaemonSpec(
+                "slurmd",
+                settings.slurmd_pidfile,
+                settings.slurmd_start,
+                slurm_node=settings.hostname,
+            )
+        )
+    if settings.munge_pidfile is not None:
+        specs.append(DaemonSpec("munge", settings.munge_pidfile, settings.munge_start))
+
+    def not_responding(node: str) -> bool | None:
+        del node  # the Slurm collector reads this node only
+        return None if slurm is None or slurm.last is None else slurm.last.not_responding
+
+    policy = SupervisorPolicy(
+        check_s=settings.daemon_check_s,
+        hang_s=settings.daemon_hang_s,
+        backoff_initial_s=settings.daemon_backoff_initial_s,
+        backoff_max_s=settings.daemon_backoff_max_s,
+        stable_s=settings.daemon_stable_s,
+        flap_restarts=settings.daemon_flap_restarts,
+        flap_window_s=settings.daemon_flap_window_s,
+    )
+    return DaemonSupervisor(
+        specs, state_dir=settings.state_dir, policy=policy, not_responding=not_responding
+    )
+
+
+def build_checks(settings: AgentSettings, collectors: list[Collector]) -> list[SampleCheck]:
+    checks: list[SampleCheck] = []
+    slurm = next((c for c in collectors if isinstance(c, SlurmCollector)), None)
+    if slurm is not None and settings.gres_check:
+        fix = settings.gres_fix_command
+        checks.append(
+            GresCheck(
+                slurm,
+                state_dir=settings.state_dir,
+                fix_command=settings.slurmd_start if fix is None else fix,
+                fix_timeout_s=settings.gres_fix_timeout_s,
+                verify_s=settings.gres_verify_s,
+            )
+        )
+    return checks
 
 
 def node_serial() -> str | None:
@@ -101,6 +158,7 @@ def build_agent(
         clock=clock or SystemClock(),
         state_dir=settings.state_dir,
         sample_interval_s=settings.sample_interval_s,
+        checks=build_checks(settings, collectors),
     )
 
 

@@ -116,7 +116,12 @@ class StateTracker:
 
 
 def _params_match(params: Mapping[str, object], attrs: Mapping[str, str]) -> bool:
-    """The Slurm-reason parameters; other conditions take no parameters the agent tests."""
+    """The Slurm-reason parameters (state, reason_pattern, exclude_reason_prefix), and
+    ``daemon`` / ``mismatch``: the attribute must be that value."""
+    for key in ("daemon", "mismatch"):
+        want = params.get(key)
+        if isinstance(want, str) and attrs.get(key) != want:
+            return False
     state = params.get("state")
     if isinstance(state, str) and state != "any" and attrs.get("state") != state:
         return False

@@ -18,8 +18,16 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
-from gpufleet.agent.collectors.base import Collector, CollectorResult, Event, EventSource, Sample
+from gpufleet.agent.collectors.base import (
+    Collector,
+    CollectorResult,
+    Condition,
+    Event,
+    EventSource,
+    Sample,
+)
 from gpufleet.agent.detectors import Detector
 from gpufleet.agent.findings import FindingChange
 from gpufleet.agent.sender import Sender, SendStatus
@@ -30,6 +38,13 @@ from gpufleet.core.clock import Clock
 log = logging.getLogger(__name__)
 
 SOURCE_RESTART_S = 5.0  # a crashed event source is restarted after this long
+
+
+class SampleCheck(Protocol):
+    """Looks at a whole sample (every collector's result) and reports conditions: what
+    needs two views at once, like Slurm's GPUs against the hardware's."""
+
+    async def observe(self, result: CollectorResult) -> list[Condition]: ...
 
 
 class Agent:
@@ -45,8 +60,10 @@ class Agent:
         clock: Clock,
         state_dir: Path,
         sample_interval_s: float,
+        checks: Sequence[SampleCheck] = (),
     ) -> None:
         self.collectors = list(collectors)
+        self.checks = list(checks)
         self.sources = list(sources)
         self.detector = detector
         self.spool = spool
@@ -72,6 +89,11 @@ class Agent:
                 self._collector_failed(collector.name, exc)
             else:
                 self._errors.pop(collector.name, None)
+        for check in self.checks:
+            try:
+                result.conditions.extend(await check.observe(result))
+            except Exception as exc:  # noqa: BLE001 - like a collector: log, go on
+                self._collector_failed(type(check).__name__, exc)
         now = self._clock.now()
         for sample in result.samples:
             self.latest[sample.gpu_uuid or sample.component or "node"] = sample

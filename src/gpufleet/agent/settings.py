@@ -64,8 +64,82 @@ class AgentSettings(BaseSettings):
         description="GPUs this node should have; fewer visible to NVML is a finding.",
     )
     collectors: tuple[str, ...] = Field(
-        default=("nvml", "kmsg", "infiniband", "slurm"),
-        description="Collectors to run (nvml, kmsg, infiniband, slurm, sim).",
+        default=("nvml", "kmsg", "infiniband", "slurm", "daemons"),
+        description=(
+            "Collectors to run (nvml, kmsg, infiniband, slurm, daemons, sim). `daemons` "
+            "keeps slurmd and munged running (see the slurmd_* / munge_* settings)."
+        ),
+    )
+    slurmd_pidfile: Path | None = Field(
+        default=Path("/run/slurmd.pid"),
+        description=(
+            "slurmd's pid file; supervised once it has existed (a crash leaves it, a clean "
+            "stop removes it, so a stopped slurmd stays stopped). Unset: not supervised."
+        ),
+    )
+    slurmd_start: tuple[str, ...] = Field(
+        default=("systemctl", "restart", "slurmd"),
+        description="Command (argv, no shell) that starts slurmd again.",
+    )
+    munge_pidfile: Path | None = Field(
+        default=Path("/run/munge/munged.pid"),
+        description="munged's pid file; supervised like slurmd. Unset: not supervised.",
+    )
+    munge_start: tuple[str, ...] = Field(
+        default=("systemctl", "restart", "munge"),
+        description="Command (argv, no shell) that starts munged again.",
+    )
+    daemon_check_s: float = Field(default=5.0, gt=0, description="Seconds between checks.")
+    daemon_hang_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "A daemon stopped (state T), or a slurmd Slurm reports not responding, this long "
+            "is hung: SIGKILLed and started again. Above SlurmdTimeout's usual 300 s is too "
+            "late; under a few seconds would kill a slurmd that is busy for a moment."
+        ),
+    )
+    daemon_backoff_initial_s: float = Field(default=5.0, gt=0)
+    daemon_backoff_max_s: float = Field(
+        default=300.0, gt=0, description="Restarts back off, doubling up to this."
+    )
+    daemon_stable_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Up this long: the backoff resets and a keeps-dying finding clears.",
+    )
+    daemon_flap_restarts: int = Field(
+        default=3, ge=2, description="This many restarts within daemon_flap_window_s..."
+    )
+    daemon_flap_window_s: float = Field(
+        default=600.0, gt=0, description="...mean it keeps dying: a finding."
+    )
+    gres_check: bool = Field(
+        default=True,
+        description="Compare Slurm's GPUs (GRES, features) with the hardware (needs slurm).",
+    )
+    gres_fix_command: tuple[str, ...] | None = Field(
+        default=None,
+        description=(
+            "Run when Slurm offers fewer GPUs than the node has, so slurmd registers them "
+            "again. Unset: slurmd_start. An empty list: never fix, only report."
+        ),
+    )
+    gres_fix_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds gres_fix_command may run before it is killed (it runs beside the "
+            "sampling, never in its way). A slurmd restart takes a few seconds."
+        ),
+    )
+    gres_verify_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "After the fix, Slurm must count every GPU within this many seconds, else the "
+            "mismatch is raised. slurmd registers within a second or two of starting."
+        ),
     )
     kernel_log: str = Field(
         default="auto",

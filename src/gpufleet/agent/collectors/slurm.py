@@ -23,6 +23,8 @@ from gpufleet.agent.collectors.base import CollectorResult, Condition
 log = logging.getLogger(__name__)
 
 _STATE = re.compile(r"\bState=(\S+)")
+_GRES = re.compile(r"\bGres=(\S*)")
+_FEATURES = re.compile(r"\bAvailableFeatures=(\S*)")
 _REASON = re.compile(r"\bReason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$", re.M)
 
 
@@ -30,6 +32,12 @@ _REASON = re.compile(r"\bReason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$", re.M)
 class SlurmNode:
     states: frozenset[str]  # upper case: IDLE, DRAIN, DOWN, NOT_RESPONDING, ...
     reason: str
+    gres: str = ""  # as Slurm prints it: "gpu:h100:8(S:0-1),nic:2"
+    features: tuple[str, ...] = ()
+
+    @property
+    def not_responding(self) -> bool:
+        return "NOT_RESPONDING" in self.states
 
     @property
     def state(self) -> str:
@@ -49,17 +57,38 @@ def parse_json(text: str) -> SlurmNode | None:
     node = nodes[0]
     state = node.get("state", [])
     states = [state] if isinstance(state, str) else list(state)
-    return SlurmNode(frozenset(s.upper() for s in states), str(node.get("reason") or ""))
+    states += list(node.get("state_flags") or [])  # 22.05's sinfo form: flags apart
+    features = node.get("features") or []
+    if isinstance(features, str):
+        features = features.split(",")
+    return SlurmNode(
+        frozenset(str(s).upper() for s in states),
+        str(node.get("reason") or ""),
+        gres=str(node.get("gres") or ""),
+        features=tuple(str(f) for f in features if f),
+    )
 
 
 def parse_text(text: str) -> SlurmNode | None:
     m = _STATE.search(text)
     if m is None:
         return None
-    states = frozenset(p.rstrip("*~#@!-").upper() for p in m[1].split("+"))
+    parts = m[1].split("+")
+    states = {p.rstrip("*~#@!%$^-").upper() for p in parts}
+    if any(p.endswith("*") for p in parts):
+        states.add("NOT_RESPONDING")  # the text form's "*" suffix
     r = _REASON.search(text)
     reason = r[1].strip() if r else ""
-    return SlurmNode(states, "" if reason in ("(null)", "None") else reason)
+    g = _GRES.search(text)
+    gres = g[1] if g and g[1] not in ("(null)", "N/A") else ""
+    f = _FEATURES.search(text)
+    features = () if f is None or f[1] in ("(null)", "") else tuple(f[1].split(","))
+    return SlurmNode(
+        frozenset(states),
+        "" if reason in ("(null)", "None") else reason,
+        gres=gres,
+        features=features,
+    )
 
 
 @dataclass
@@ -70,6 +99,9 @@ class SlurmCollector:
     name: str = "slurm"
     _disabled: bool = False
     _json: bool = True
+    # the node as last read (None before the first read, or when unreadable): the
+    # daemon supervisor and the GPU-state check use it without asking Slurm again
+    last: SlurmNode | None = None
 
     async def collect(self, now: dt.datetime) -> CollectorResult:
         del now
@@ -81,6 +113,7 @@ class SlurmCollector:
             self._disabled = True
             return result
         node = await self._read()
+        self.last = node
         if node is not None:
             active = node.state in ("down", "drain")
             result.conditions.append(

@@ -60,6 +60,8 @@ STATE_CONDITIONS: frozenset[str] = frozenset(
         "nvlink_link_inactive",  # a link that was up at start is no longer active
         "fabric_not_ready",  # GPU fabric state present but not COMPLETED
         "slurm_node_reason",  # the node is drained/down with a reason (see params)
+        "daemon_flapping",  # the agent restarted a node daemon too often (params: daemon)
+        "slurm_gres_mismatch",  # Slurm's GPUs vs the hardware (params: mismatch)
     }
 )
 
