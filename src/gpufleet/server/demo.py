@@ -56,31 +56,42 @@ async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> st
         caller = await resolve_caller(session, token=token)
         project = await session.scalar(select(ProjectRow).where(ProjectRow.name == DEMO_PROJECT))
         assert project is not None
-        exists = await session.scalar(
-            select(ClusterRow.id).where(
-                ClusterRow.project_id == project.id,
-                ClusterRow.name == DEMO_CLUSTER,
-                ClusterRow.deleted_at.is_(None),
-            )
+        await _ensure_cluster(
+            ctx,
+            session,
+            caller=caller,
+            project=project,
+            request=CreateClusterRequest(
+                project=DEMO_PROJECT,
+                name=DEMO_CLUSTER,
+                scheduler=SchedulerKind.SIM,
+                provider=ProviderKind.SIM,
+                gpu_model=DEFAULT_GPU_MODEL,
+                gpus_per_node=DEMO_GPUS_PER_NODE,
+                size=DEMO_NODES,
+                acceptance_tests=False,
+            ),
         )
-        if exists is None:
-            await create_cluster(
+        if slurm is not None:
+            # The lab's nodes as the cluster ``slurm``: sim machines, real Slurm scheduling.
+            await _ensure_cluster(
+                ctx,
                 session,
                 caller=caller,
+                project=project,
                 request=CreateClusterRequest(
                     project=DEMO_PROJECT,
-                    name=DEMO_CLUSTER,
-                    scheduler=SchedulerKind.SIM,
+                    name=DEMO_SLURM_CLUSTER,
+                    scheduler=SchedulerKind.SLURM,
                     provider=ProviderKind.SIM,
                     gpu_model=DEFAULT_GPU_MODEL,
-                    gpus_per_node=DEMO_GPUS_PER_NODE,
-                    size=DEMO_NODES,
+                    gpus_per_node=slurm.gpus_per_node,
+                    size=slurm.size,
                     acceptance_tests=False,
+                    node_prefix=slurm.node_prefix,
+                    first_node_index=slurm.first_index,
                 ),
-                drivers=ctx.drivers,
             )
-        if slurm is not None:
-            await _slurm_cluster(ctx, session, caller=caller, project=project, slurm=slurm)
     async with ctx.db.transaction() as session:
         project = await session.scalar(select(ProjectRow).where(ProjectRow.name == DEMO_PROJECT))
         assert project is not None
@@ -96,41 +107,24 @@ async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> st
     return token
 
 
-async def _slurm_cluster(
+async def _ensure_cluster(
     ctx: AppContext,
     session: AsyncSession,
     *,
     caller: Caller,
     project: ProjectRow,
-    slurm: SlurmDemo,
+    request: CreateClusterRequest,
 ) -> None:
-    """The lab's nodes as the cluster ``slurm``: sim machines, real Slurm scheduling."""
+    """Create the cluster unless the project has a live one of that name already."""
     exists = await session.scalar(
         select(ClusterRow.id).where(
             ClusterRow.project_id == project.id,
-            ClusterRow.name == DEMO_SLURM_CLUSTER,
+            ClusterRow.name == request.name,
             ClusterRow.deleted_at.is_(None),
         )
     )
-    if exists is not None:
-        return
-    await create_cluster(
-        session,
-        caller=caller,
-        request=CreateClusterRequest(
-            project=DEMO_PROJECT,
-            name=DEMO_SLURM_CLUSTER,
-            scheduler=SchedulerKind.SLURM,
-            provider=ProviderKind.SIM,
-            gpu_model=DEFAULT_GPU_MODEL,
-            gpus_per_node=slurm.gpus_per_node,
-            size=slurm.size,
-            acceptance_tests=False,
-            node_prefix=slurm.node_prefix,
-            first_node_index=slurm.first_index,
-        ),
-        drivers=ctx.drivers,
-    )
+    if exists is None:
+        await create_cluster(session, caller=caller, request=request, drivers=ctx.drivers)
 
 
 async def _demo_token(ctx: AppContext) -> str:

@@ -24,6 +24,7 @@ Stable API (the Slurm driver's tests rely on it; add to it, do not change it)::
     lab.node_states()          # {"lab-001": "idle", "lab-002": "drain", "lab-003": "idle*"}
     lab.wait_for_node_state(node, "idle", timeout_s=30.0)      # -> the state reached
     lab.wait_until(check, timeout_s=..., what="...")           # poll a condition
+    lab.reset()                # cancel every job, resume every node, wait until all idle
     lab.set_hook("epilog", "gpufleet slurm epilog ...")        # or None; takes effect at once
     lab.faults_dir             # a file <node> here drains <node> at the next health check
     lab.logs_tail(lines=40)    # every lab log's last lines, for failure messages
@@ -222,6 +223,17 @@ class SlurmLab:
     def restart_slurmdbd(self) -> None:
         """Stop slurmdbd and start it again; returns once it answers."""
         self._script("restart-slurmdbd", timeout_s=90)
+
+    def reset(self, *, timeout_s: float = 40.0) -> None:
+        """Cancel every job and resume every node, then wait until each is idle: what a
+        test that shares the lab does when it ends."""
+        jobs = self.run("squeue", "-h", "-o", "%A").stdout.split()
+        if jobs:
+            self.run("scancel", *jobs, check=False)
+        for node in self.node_names:
+            self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+        for node in self.node_names:
+            self.wait_for_node_state(node, "idle", timeout_s=timeout_s)
 
     def kill_slurmd(self, node: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Send one node's slurmd a signal: SIGKILL crashes it (the node goes ``*`` after

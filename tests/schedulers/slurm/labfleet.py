@@ -108,13 +108,7 @@ class LabFleet:
 
     def clean(self) -> None:
         """Cancel every job and resume every node, so the next test finds the lab idle."""
-        jobs = self.lab.run("squeue", "-h", "-o", "%A").stdout.split()
-        if jobs:
-            self.lab.run("scancel", *jobs, check=False)
-        for node in self.lab.node_names:
-            self.lab.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-        for node in self.lab.node_names:
-            self.lab.wait_for_node_state(node, "idle", timeout_s=40)
+        self.lab.reset()
 
 
 @asynccontextmanager

@@ -303,13 +303,7 @@ class Lab:
         return line.split(" State=", 1)[1].split()[0]
 
     def clean(self) -> None:
-        jobs = self.lab.run("squeue", "-h", "-o", "%A").stdout.split()
-        if jobs:
-            self.lab.run("scancel", *jobs, check=False)
-        for node in self.lab.node_names:
-            self.lab.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-        for node in self.lab.node_names:
-            self.lab.wait_for_node_state(node, "idle", timeout_s=40)
+        self.lab.reset()
 
 
 @pytest.fixture(params=[None, False], ids=["json", "text"])
