@@ -191,6 +191,8 @@ def test_create_cluster_body(
         "autoscale_min": None,
         "autoscale_max": None,
         "labels": {"team": "ml"},
+        "node_prefix": None,
+        "first_node_index": 0,
     }
 
 
