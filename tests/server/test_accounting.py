@@ -75,3 +75,27 @@ async def test_bad_usage_queries_are_refused(database_url: str, tmp_path: Path) 
             params={"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"},
         )
         assert backwards.status_code == 422 and error_of(backwards)["field"] == "until"
+
+
+async def test_a_record_the_scheduler_corrects_later_is_copied_again(
+    database_url: str, tmp_path: Path
+) -> None:
+    # slurmdbd 22.05, restarted while jobs end, first reports User=root and a little later
+    # the job's real user: the copy follows the correction instead of keeping the first.
+    async with sim_fleet(database_url, tmp_path, size=1) as fleet:
+        cid = fleet.cluster["id"]
+        fleet.world.submit_job(
+            cluster_id=cid, node_count=1, gpus_per_node=8, duration_s=600,
+            user="root", account="root",
+        )  # fmt: skip
+        await fleet.tick()
+        await fleet.tick(900)
+        async with fleet.app.ctx.db.session() as session:
+            row = (await session.scalars(select(JobRow))).one()
+        assert row.user_name == "root"
+        (record,) = fleet.world._workload.ended_since(row.ended_at, [cid])  # noqa: SLF001
+        record.user, record.account = "alice", "alice-lab"
+        await fleet.tick(5)
+        async with fleet.app.ctx.db.session() as session:
+            rows = list(await session.scalars(select(JobRow)))
+        assert [(r.user_name, r.account) for r in rows] == [("alice", "alice-lab")]

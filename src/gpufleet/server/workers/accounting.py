@@ -90,6 +90,23 @@ class AccountingLoop(LoopService):
         return written
 
 
+def _values(job: SchedJob) -> dict[str, object]:
+    """The job row's copied columns, as the scheduler reports them now."""
+    return {
+        "name": job.name[:255],
+        "user_name": job.user[:128],
+        "account": job.account[:128],
+        "state": job.state[:32],
+        "nodes": list(job.nodes),
+        "gpus": job.gpus,
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "gpu_hours": gpu_hours(job),
+        "exit_code": job.exit_code,
+    }
+
+
 async def _upsert(session: AsyncSession, *, cluster_id: str, jobs: list[SchedJob]) -> int:
     latest: dict[str, SchedJob] = {}
     for job in jobs:  # a requeued job appears once per run: keep its last
@@ -114,18 +131,12 @@ async def _upsert(session: AsyncSession, *, cluster_id: str, jobs: list[SchedJob
             session.add(row)
         elif row.ended_at is not None and job.ended_at is not None and row.ended_at > job.ended_at:
             continue  # an older run of a requeued job: the row has the newer one
-        elif row.ended_at == job.ended_at and row.state == job.state:
-            continue  # already copied (the overlap window reads it again)
-        row.name = job.name[:255]
-        row.user_name = job.user[:128]
-        row.account = job.account[:128]
-        row.state = job.state[:32]
-        row.nodes = list(job.nodes)
-        row.gpus = job.gpus
-        row.submitted_at = job.submitted_at
-        row.started_at = job.started_at
-        row.ended_at = job.ended_at
-        row.gpu_hours = gpu_hours(job)
-        row.exit_code = job.exit_code
+        values = _values(job)
+        if all(getattr(row, name) == value for name, value in values.items()):
+            continue  # already copied as it is (the overlap window reads it again)
+        # Otherwise write it all: slurmdbd may correct a record it got while it was down
+        # (seen on 22.05: User=root at first, the submitting --uid user a little later).
+        for name, value in values.items():
+            setattr(row, name, value)
         written += 1
     return written
