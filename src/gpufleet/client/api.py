@@ -63,6 +63,19 @@ class Me(BaseModel):
     memberships: list[Membership]
 
 
+class AuthConfig(BaseModel):
+    """``GET /api/v1/auth/config``: how to log in to the server (public values only)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    oidc: bool
+    issuer: str | None = None
+    cli_client_id: str | None = None
+    scopes: str | None = None
+    device_authorization_endpoint: str | None = None
+    token_endpoint: str | None = None
+
+
 class ClusterStatusReport(BaseModel):
     """``GET /api/v1/clusters/{id}/status``: the cheap status view of one cluster."""
 
@@ -244,6 +257,29 @@ class ApiClient:
             "expires_in_days": expires_in_days,
         }
         return CreatedToken.model_validate(self._call("POST", f"{API}/tokens", body=body))
+
+    def auth_config(self) -> AuthConfig:
+        """How to log in (works without a token): OIDC issuer and the CLI's client id."""
+        return AuthConfig.model_validate(self._call("GET", f"{API}/auth/config"))
+
+    def create_device_token(
+        self,
+        *,
+        id_token: str,
+        name: str,
+        project: str | None = None,
+        role: Role | None = None,
+    ) -> CreatedToken:
+        """Trade an ID token from the device grant for a personal API token (no token needed)."""
+        body = {
+            "id_token": id_token,
+            "name": name,
+            "project": project,
+            "role": role.value if role else None,
+        }
+        return CreatedToken.model_validate(
+            self._call("POST", f"{API}/auth/device-token", body=body)
+        )
 
     # -- clusters -------------------------------------------------------------------
     def list_clusters(

@@ -64,3 +64,13 @@ class Unavailable(GpufleetError):
     """The server cannot take this request now (starting, stopping, store down); retry."""
 
     code = "unavailable"
+
+
+class RateLimited(GpufleetError):
+    """The caller sent too many requests of this kind; retry after ``retry_after_s``."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s

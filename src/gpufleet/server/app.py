@@ -26,6 +26,7 @@ from gpufleet.server.limits import BodySizeLimit
 from gpufleet.server.routers import (
     accounting,
     agent,
+    auth,
     clusters,
     events,
     faults,
@@ -129,6 +130,7 @@ def create_app(
     install_error_handlers(app)
     api = APIRouter(prefix="/api/v1")
     for module in (
+        auth,
         projects,
         tokens,
         clusters,

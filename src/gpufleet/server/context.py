@@ -9,6 +9,8 @@ from gpufleet.core.repair.models import PolicyConfig
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.ingest import ReportIngestor
+from gpufleet.server.limits import RateLimiter
+from gpufleet.server.services.oidc import OidcRelyingParty
 from gpufleet.server.settings import ServerSettings
 
 
@@ -24,3 +26,7 @@ class AppContext:
     bootstrap_token: str | None = field(default=None, repr=False)
     # The repair policy of a project that never set one.
     default_repair_policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # Login (routers/auth.py builds both on first use): the OIDC relying party with its
+    # discovery/JWKS caches, and the per-client-IP limiter of the login endpoints.
+    oidc: OidcRelyingParty | None = None
+    login_limiter: RateLimiter | None = None

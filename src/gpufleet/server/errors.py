@@ -19,6 +19,7 @@ from gpufleet.core.errors import (
     GpufleetError,
     InvalidInput,
     NotFound,
+    RateLimited,
     Unauthorized,
     Unavailable,
 )
@@ -31,6 +32,7 @@ _STATUS: list[tuple[type[GpufleetError], int]] = [
     (Conflict, 409),
     (Unauthorized, 401),
     (Forbidden, 403),
+    (RateLimited, 429),
     (DriverError, 502),
     (Unavailable, 503),
 ]
@@ -83,6 +85,8 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, GpufleetError)
         status = status_for(exc)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(
             error_body(exc.code, exc.message, exc.field), status_code=status, headers=headers
         )

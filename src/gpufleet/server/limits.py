@@ -1,10 +1,18 @@
-"""A body-size limit applied before any parsing (pure ASGI, so streaming bodies count)."""
+"""Request limits: a body-size limit applied before any parsing (pure ASGI, so
+streaming bodies count), and a per-client rate limiter for the login endpoints."""
 
 from __future__ import annotations
 
 import json
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpufleet.core.errors import RateLimited
 
 
 class BodySizeLimit:
@@ -73,3 +81,48 @@ class BodySizeLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimiter:
+    """A token bucket per key (the client IP): ``per_minute`` requests, refilled evenly.
+
+    In memory, per replica: behind N replicas a client gets at most N times the rate,
+    which is still far below what guessing needs. The number of keys is bounded, so a
+    flood of spoofed sources costs memory only up to ``max_keys``.
+    """
+
+    def __init__(
+        self,
+        *,
+        per_minute: int,
+        max_keys: int = 10_000,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.capacity = float(per_minute)
+        self.refill_per_s = per_minute / 60.0
+        self.max_keys = max_keys
+        self._monotonic = monotonic
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def check(self, key: str, *, what: str) -> None:
+        """Take one request from ``key``'s bucket, or raise ``RateLimited``."""
+        now = self._monotonic()
+        bucket = self._buckets.pop(key, None) or _Bucket(tokens=self.capacity, updated=now)
+        refill = (now - bucket.updated) * self.refill_per_s
+        bucket.tokens = min(self.capacity, bucket.tokens + refill)
+        bucket.updated = now
+        self._buckets[key] = bucket
+        while len(self._buckets) > self.max_keys:
+            self._buckets.popitem(last=False)
+        if bucket.tokens < 1.0:
+            wait = math.ceil((1.0 - bucket.tokens) / self.refill_per_s)
+            raise RateLimited(
+                f"too many {what} requests from {key}; retry in {wait} s", retry_after_s=wait
+            )
+        bucket.tokens -= 1.0

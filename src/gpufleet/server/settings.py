@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -160,6 +161,148 @@ class ServerSettings(BaseSettings):
         default=None,
         description="If set, the first start writes the bootstrap admin token here (mode 0600).",
     )
+    # -- login through the organisation's OIDC provider (docs/auth.md) --------------
+    oidc_issuer: str | None = Field(
+        default=None,
+        description=(
+            "Issuer URL of the OpenID Provider (Keycloak realm, Okta, Entra tenant v2.0); "
+            "discovery is read from <issuer>/.well-known/openid-configuration. Unset: no "
+            "browser login, API tokens only."
+        ),
+    )
+    oidc_client_id: str | None = Field(
+        default=None, description="Client id registered at the IdP for the console login."
+    )
+    oidc_client_secret_file: Path | None = Field(
+        default=None,
+        description=(
+            "File holding the client secret (a file, so it never sits in the environment "
+            "or a process listing). Unset: a public client; PKCE protects the code either way."
+        ),
+    )
+    oidc_cli_client_id: str | None = Field(
+        default=None,
+        description=(
+            "Public client id the CLI uses for the device authorization grant (it cannot "
+            "keep a secret). Unset: oidc_client_id."
+        ),
+    )
+    oidc_redirect_url: str | None = Field(
+        default=None,
+        description=(
+            "Callback URL registered at the IdP. Unset: <public_url>/api/v1/auth/callback."
+        ),
+    )
+    oidc_scopes: str = Field(
+        default="openid email profile",
+        description="Space-separated scopes asked for; add the IdP's groups scope if it has one.",
+    )
+    oidc_groups_claim: str = Field(
+        default="groups",
+        description=(
+            "ID token claim listing the user's groups (Keycloak, Okta and Entra all use "
+            "`groups` once the IdP is told to emit it)."
+        ),
+    )
+    oidc_group_roles: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            'IdP group → "project:role" granted at each login, as JSON, e.g. '
+            '{"fleet-admins": "ml:admin"}. Memberships granted this way follow the group '
+            "(changed or removed at the next login); memberships made by hand are never touched."
+        ),
+    )
+    oidc_allowed_algs: list[str] = Field(
+        default_factory=lambda: ["RS256", "ES256"],
+        description=(
+            "ID token signature algorithms accepted, as JSON. Asymmetric only: `none` and "
+            "HS* (signed with the client secret) are refused here."
+        ),
+    )
+    oidc_leeway_s: float = Field(
+        default=60.0,
+        ge=0,
+        le=300,
+        description="Clock skew tolerated on exp/iat/nbf, seconds (60 s: NTP-synced hosts).",
+    )
+    oidc_metadata_ttl_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description=(
+            "How long discovery and the JWKS are cached, seconds (an hour: IdPs publish new "
+            "keys ahead of use; an unknown kid refetches the JWKS sooner)."
+        ),
+    )
+    oidc_jwks_refetch_min_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "Least time between two JWKS fetches caused by an unknown kid, seconds, so "
+            "tokens with made-up kids cannot make us hammer the IdP."
+        ),
+    )
+    session_lifetime_s: float = Field(
+        default=8 * 3600.0,
+        gt=0,
+        description="Lifetime of a console session, seconds (8 h: one working day, then log in).",
+    )
+    session_cookie_secure: bool = Field(
+        default=True,
+        description=(
+            "Mark session cookies Secure (HTTPS only). May be turned off only when the "
+            "public URL is http:// on loopback (local development)."
+        ),
+    )
+    cli_token_days: int = Field(
+        default=30,
+        ge=1,
+        le=3650,
+        description="Lifetime of the API token `gpufleet login --oidc` gets, days.",
+    )
+    auth_rate_limit_per_min: int = Field(
+        default=30,
+        ge=1,
+        description=(
+            "Login, callback and device-token requests allowed per client IP per minute "
+            "(per replica); a person never needs more, a password-spraying script does."
+        ),
+    )
+
+    @field_validator("oidc_allowed_algs")
+    @classmethod
+    def _asymmetric_algs_only(cls, value: list[str]) -> list[str]:
+        for alg in value:
+            if alg.lower() == "none" or alg.upper().startswith("HS"):
+                raise ValueError(f"{alg!r} is not accepted: use RS256, ES256, PS256, EdDSA…")
+        if not value:
+            raise ValueError("name at least one algorithm, e.g. RS256")
+        return value
+
+    @field_validator("oidc_group_roles")
+    @classmethod
+    def _project_role_pairs(cls, value: dict[str, str]) -> dict[str, str]:
+        for group, target in value.items():
+            project, sep, role = target.partition(":")
+            if not sep or not project or role not in ("admin", "member"):
+                raise ValueError(
+                    f"group {group!r} maps to {target!r}; expected 'project:admin' or "
+                    "'project:member'"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _insecure_cookies_only_on_loopback(self) -> ServerSettings:
+        if not self.session_cookie_secure:
+            url = urlsplit(self.resolved_public_url())
+            if url.scheme != "http" or url.hostname not in ("127.0.0.1", "localhost", "::1"):
+                raise ValueError(
+                    "session_cookie_secure=false is only for http:// on loopback; "
+                    f"public URL is {self.resolved_public_url()}"
+                )
+        return self
+
+    def resolved_public_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     @field_validator("database_url")
     @classmethod
@@ -174,3 +317,4 @@ class ServerSettings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.data_dir / 'gpufleet.db'}"
+

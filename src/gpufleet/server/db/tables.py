@@ -103,6 +103,9 @@ class MembershipRow(Base):
     )
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[dt.datetime]
+    # "manual" (made by a person) or "oidc-group" (follows an IdP group at each login;
+    # only these are changed or removed by the group mapping).
+    source: Mapped[str] = mapped_column(String(16), default="manual", server_default="manual")
 
 
 class ApiTokenRow(Base):
@@ -121,6 +124,44 @@ class ApiTokenRow(Base):
     expires_at: Mapped[dt.datetime | None]
     revoked_at: Mapped[dt.datetime | None]
     last_used_at: Mapped[dt.datetime | None]
+
+
+class WebSessionRow(Base):
+    """A console login: the cookie holds a 256-bit secret, the store only its SHA-256."""
+
+    __tablename__ = "web_session"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    source_ip: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime]
+    expires_at: Mapped[dt.datetime]
+    revoked_at: Mapped[dt.datetime | None]
+    last_used_at: Mapped[dt.datetime | None]
+
+
+class OidcLoginRow(Base):
+    """A login in flight between ``/auth/login`` and ``/auth/callback`` (single use)."""
+
+    __tablename__ = "oidc_login"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    state_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    nonce: Mapped[str] = mapped_column(String(64))
+    code_verifier: Mapped[str] = mapped_column(String(128))
+    return_to: Mapped[str] = mapped_column(String(1000))
+    created_at: Mapped[dt.datetime]
+    expires_at: Mapped[dt.datetime] = mapped_column(index=True)
+
+
+class OidcTokenUseRow(Base):
+    """ID tokens already exchanged for an API token: each one works once."""
+
+    __tablename__ = "oidc_token_use"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[dt.datetime] = mapped_column(index=True)
 
 
 class _Leased:

@@ -11,6 +11,7 @@ import datetime as dt
 import hashlib
 import secrets
 from dataclasses import dataclass, field
+from typing import Literal
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -49,6 +50,8 @@ class Caller:
     token_role: Role | None
     memberships: dict[str, Role] = field(default_factory=dict)
     source_ip: str | None = None
+    # "session": a console login (token_id is the session's id; CSRF rules apply).
+    auth_method: Literal["token", "session"] = "token"
 
     @property
     def actor(self) -> str:
@@ -101,6 +104,12 @@ def token_row_to_token(row: ApiTokenRow) -> ApiToken:
     )
 
 
+async def load_memberships(session: AsyncSession, *, user_id: str) -> dict[str, Role]:
+    """The user's role in each project they are in."""
+    rows = await session.scalars(select(MembershipRow).where(MembershipRow.user_id == user_id))
+    return {m.project_id: Role(m.role) for m in rows}
+
+
 async def resolve_caller(
     session: AsyncSession, *, token: str, source_ip: str | None = None
 ) -> Caller:
@@ -118,12 +127,7 @@ async def resolve_caller(
     user = await session.get(UserRow, row.user_id)
     if user is None:
         raise Unauthorized("token's user no longer exists")
-    memberships = {
-        m.project_id: Role(m.role)
-        for m in await session.scalars(
-            select(MembershipRow).where(MembershipRow.user_id == user.id)
-        )
-    }
+    memberships = await load_memberships(session, user_id=user.id)
     # last_used_at at minute resolution: one write per token per minute, not per request.
     if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):
         await session.execute(

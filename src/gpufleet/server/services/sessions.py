@@ -1,0 +1,149 @@
+"""Console sessions: a random secret in an HttpOnly cookie, its SHA-256 in the store.
+
+A session authenticates the API like a token (same ``Caller``, same permission checks).
+Because a browser sends cookies on its own, a state-changing request authenticated by
+the cookie must also carry the session's CSRF token in a header. That token is an HMAC
+of the session secret: only someone holding the cookie can compute it, a cross-site page
+can neither read the cookie nor the ``/auth/me`` answer, and nothing extra is stored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpufleet.core.errors import Forbidden, Unauthorized
+from gpufleet.core.ids import new_id
+from gpufleet.server.db.tables import UserRow, WebSessionRow
+from gpufleet.server.services.audit import record_audit
+from gpufleet.server.services.auth import Caller, generate_token, hash_token, load_memberships
+
+SESSION_PREFIX = "gpfs_"  # a prefix, not a secret
+SESSION_COOKIE = "gpufleet_session"
+CSRF_COOKIE = "gpufleet_csrf"
+CSRF_HEADER = "X-CSRF-Token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True)
+class CreatedSession:
+    secret: str  # goes into the cookie, never into the store or a log
+    session_id: str
+    expires_at: dt.datetime
+
+    @property
+    def csrf_token(self) -> str:
+        return csrf_token_for(self.secret)
+
+
+def csrf_token_for(secret: str) -> str:
+    """The CSRF token of a session: HMAC-SHA256 keyed by the session secret."""
+    return hmac.new(secret.encode(), b"gpufleet-csrf-v1", hashlib.sha256).hexdigest()
+
+
+def check_csrf(*, secret: str, header: str | None) -> None:
+    """Raise ``Forbidden`` unless ``header`` is this session's CSRF token."""
+    if not header:
+        raise Forbidden(
+            f"a request authenticated by the session cookie must send the {CSRF_HEADER} "
+            f"header (the value of the {CSRF_COOKIE} cookie, or csrf_token from /auth/me)",
+            field=CSRF_HEADER,
+        )
+    if not hmac.compare_digest(header.encode(), csrf_token_for(secret).encode()):
+        raise Forbidden(f"the {CSRF_HEADER} header does not match this session", field=CSRF_HEADER)
+
+
+async def create_web_session(
+    session: AsyncSession,
+    *,
+    user: UserRow,
+    now: dt.datetime,
+    lifetime_s: float,
+    source_ip: str | None,
+) -> CreatedSession:
+    secret = generate_token(SESSION_PREFIX)
+    row = WebSessionRow(
+        id=new_id(),
+        user_id=user.id,
+        token_hash=hash_token(secret),
+        source_ip=source_ip,
+        created_at=now,
+        expires_at=now + dt.timedelta(seconds=lifetime_s),
+        revoked_at=None,
+        last_used_at=None,
+    )
+    session.add(row)
+    record_audit(
+        session,
+        actor=f"user:{user.name}",
+        action="session.create",
+        object_type="web_session",
+        object_id=row.id,
+        project_id=None,
+        source_ip=source_ip,
+        detail={"expires_at": row.expires_at.isoformat()},
+    )
+    return CreatedSession(secret=secret, session_id=row.id, expires_at=row.expires_at)
+
+
+async def resolve_session_caller(
+    session: AsyncSession, *, secret: str, now: dt.datetime, source_ip: str | None
+) -> Caller:
+    """The caller behind a session cookie, or ``Unauthorized``."""
+    if not secret.startswith(SESSION_PREFIX):
+        raise Unauthorized("the session cookie is not a gpufleet session; log in again")
+    row = await session.scalar(
+        select(WebSessionRow).where(WebSessionRow.token_hash == hash_token(secret))
+    )
+    if row is None or row.revoked_at is not None:
+        raise Unauthorized("session ended; log in again")
+    if row.expires_at <= now:
+        raise Unauthorized("session expired; log in again")
+    user = await session.get(UserRow, row.user_id)
+    if user is None:
+        raise Unauthorized("the session's user no longer exists")
+    if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):
+        await session.execute(
+            update(WebSessionRow).where(WebSessionRow.id == row.id).values(last_used_at=now)
+        )
+    return Caller(
+        user_id=user.id,
+        user_name=user.name,
+        is_owner=user.is_owner,
+        token_id=row.id,
+        token_project_id=None,
+        token_role=None,
+        memberships=await load_memberships(session, user_id=user.id),
+        source_ip=source_ip,
+        auth_method="session",
+    )
+
+
+async def get_session_expiry(session: AsyncSession, *, session_id: str) -> dt.datetime | None:
+    row = await session.get(WebSessionRow, session_id)
+    return row.expires_at if row is not None else None
+
+
+async def revoke_web_session(session: AsyncSession, *, caller: Caller, now: dt.datetime) -> None:
+    """End the caller's console session (logout); API tokens are revoked elsewhere."""
+    if caller.auth_method != "session":
+        raise Forbidden("logout ends a console session; this request used an API token")
+    await session.execute(
+        update(WebSessionRow)
+        .where(WebSessionRow.id == caller.token_id, WebSessionRow.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    record_audit(
+        session,
+        actor=caller.actor,
+        action="session.revoke",
+        object_type="web_session",
+        object_id=caller.token_id,
+        project_id=None,
+        source_ip=caller.source_ip,
+    )
