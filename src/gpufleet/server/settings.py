@@ -317,4 +317,3 @@ class ServerSettings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.data_dir / 'gpufleet.db'}"
-
