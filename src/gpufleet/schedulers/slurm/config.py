@@ -12,7 +12,8 @@ class SlurmConfig:
 
     The driver runs the Slurm commands (``sinfo``, ``squeue``, ``sacct``, ``scontrol``) as
     child processes, never through a shell. They find slurmctld the way an operator's
-    shell would: through ``SLURM_CONF`` (or ``/etc/slurm/slurm.conf``) and munge.
+    shell would: through ``SLURM_CONF`` (or ``/etc/slurm/slurm.conf``) and munge. With
+    ``rest_url`` set, the reads of nodes and jobs go to slurmrestd instead (``rest.py``).
     """
 
     # Variables set for every Slurm command, on top of this process's environment (or
@@ -31,15 +32,45 @@ class SlurmConfig:
     # the ``scontrol -o show`` text. None: JSON when the installed Slurm has it (21.08+),
     # detected once from ``sinfo --version``. False forces text (for old clusters, tests).
     use_json: bool | None = None
-    # slurmrestd (e.g. ``http://127.0.0.1:6820``) and a JWT for ``X-SLURM-USER-TOKEN``.
-    # TODO(issue 5): not used yet; every call goes through the CLI. Slurm 22.05's REST
-    # API (v0.0.38) cannot update nodes, so drain/resume stay on scontrol there anyway.
+    # slurmrestd, for the reads of nodes and jobs: ``http(s)://host:port`` (JWT auth, with
+    # the token sent as ``X-SLURM-USER-TOKEN`` and ``rest_user`` as
+    # ``X-SLURM-USER-NAME``), or ``unix:///path/slurmrestd.sock`` (``rest_auth/local``:
+    # the socket's peer uid is the user; no token needed). None: every read uses the CLI.
+    # Writes (drain, resume, down, requeue) and accounting stay on the CLI either way;
+    # docs/slurm.md says why.
     rest_url: str | None = None
+    # The JWT itself, or a file holding it (what `scontrol token` prints, with or without
+    # its ``SLURM_JWT=``), read again whenever the file changes, so a cron job can renew
+    # the token without restarting gpufleet. At most one of the two.
     rest_token: str | None = None
+    rest_token_file: str | None = None
     rest_user: str = "root"
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
-        if self.rest_url is not None and not self.rest_url.startswith(("http://", "https://")):
-            raise ValueError(f"rest_url must start with http:// or https://, got {self.rest_url}")
+        if self.rest_token is not None and self.rest_token_file is not None:
+            raise ValueError("set rest_token or rest_token_file, not both")
+        if self.rest_url is not None:
+            if not self.rest_url.startswith(("http://", "https://", "unix:")):
+                raise ValueError(
+                    "rest_url must start with http://, https:// or unix:// (a socket path), "
+                    f"got {self.rest_url}"
+                )
+            if self.rest_url.startswith("unix:") and not self.rest_socket:
+                raise ValueError(
+                    f"rest_url {self.rest_url}: a unix socket needs an absolute path, e.g. "
+                    "unix:///run/slurmrestd/slurmrestd.sock"
+                )
+
+    @property
+    def rest_socket(self) -> str | None:
+        """The socket path of a ``unix:`` ``rest_url`` (``unix:///run/x.sock`` and
+        slurmrestd's own ``unix:/run/x.sock`` both give ``/run/x.sock``); None for http(s)
+        or a relative path."""
+        if self.rest_url is None or not self.rest_url.startswith("unix:"):
+            return None
+        path = self.rest_url.removeprefix("unix:")
+        if path.startswith("//"):
+            path = path[2:]
+        return path if path.startswith("/") and len(path) > 1 else None

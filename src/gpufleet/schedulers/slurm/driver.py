@@ -1,9 +1,15 @@
-"""``SlurmScheduler``: the ``Scheduler`` driver over a real Slurm cluster's CLI.
+"""``SlurmScheduler``: the ``Scheduler`` driver over a real Slurm cluster's CLI, and over
+slurmrestd for its reads where ``SlurmConfig.rest_url`` is set.
 
-Reads use JSON where the installed Slurm has it (``sinfo --json``/``squeue --json`` on
-21.08-22.05, ``scontrol --json`` on 23.02+) and ``scontrol -o show`` text otherwise;
-accounting always comes from ``sacct -P`` text, because 22.05's ``sacct --json`` reports
-wrong exit codes. Writes go through ``scontrol update``/``scontrol requeue``.
+Reads of nodes and jobs go to slurmrestd when configured (``rest.py``: ``GET
+/slurm/<v>/nodes``, ``node/<name>``, ``jobs``); else they use JSON where the installed
+Slurm has it (``sinfo --json``/``squeue --json`` on 21.08-22.05, ``scontrol --json`` on
+23.02+) and ``scontrol -o show`` text otherwise. Accounting always comes from ``sacct -P``
+text, because 22.05's ``sacct --json`` (and slurmrestd's ``slurmdb`` jobs, the same
+plugin) reports wrong exit codes. Writes always go through ``scontrol update``/``scontrol
+requeue``: 22.05's REST API (v0.0.38) cannot update a node, and the node update of
+v0.0.39+ (``POST /slurm/<v>/node/<name>``) cannot be tested here, so the CLI stays the
+one write path on every version.
 
 Rules: gpufleet holds a node with DRAIN, never DOWN alone, because
 ``ReturnToService=2`` puts a DOWN node back into service as soon as its slurmd answers.
@@ -17,6 +23,7 @@ import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
+from urllib.parse import quote
 
 from gpufleet.core.clock import as_utc
 from gpufleet.core.errors import DriverError
@@ -35,6 +42,7 @@ from gpufleet.schedulers.slurm.parsing import (
     parse_scontrol_nodes,
     pending_gpu_demand,
 )
+from gpufleet.schedulers.slurm.rest import RestAnswer, SlurmRest
 from gpufleet.schedulers.slurm.values import SlurmVersion, format_time, parse_version
 
 T = TypeVar("T")
@@ -60,19 +68,28 @@ _REQUEUEABLE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED
 
 
 class SlurmScheduler:
-    """A Slurm cluster, through its CLI. Implements Scheduler, SupportsDrain,
-    SupportsDown and SupportsRequeue.
+    """A Slurm cluster, through its CLI (and slurmrestd for reads, when configured).
+    Implements Scheduler, SupportsDrain, SupportsDown and SupportsRequeue.
 
-    Every method raises ``DriverError`` naming the node, the command and its stderr when
-    a command fails, times out, or answers a JSON ``errors`` list; none returns an empty
-    list in place of an error.
+    Every method raises ``DriverError`` naming the node, the command (or the slurmrestd
+    request) and its stderr (or error body) when a call fails, times out, or answers a
+    JSON ``errors`` list; none returns an empty list in place of an error.
     """
 
     kind = "slurm"
 
-    def __init__(self, config: SlurmConfig | None = None, *, cli: SlurmCli | None = None) -> None:
+    def __init__(
+        self,
+        config: SlurmConfig | None = None,
+        *,
+        cli: SlurmCli | None = None,
+        rest: SlurmRest | None = None,
+    ) -> None:
         self._config = config or SlurmConfig()
         self._cli = cli or SlurmCli(self._config)
+        if rest is None and self._config.rest_url is not None:
+            rest = SlurmRest(self._config)
+        self._rest = rest
         self._version: SlurmVersion | None = None
         self._version_lock = asyncio.Lock()
 
@@ -87,6 +104,11 @@ class SlurmScheduler:
                 result = await self._cli.run("sinfo", "--version")
                 self._version = _parse(parse_version, result, node=None)
             return self._version
+
+    async def aclose(self) -> None:
+        """Close the slurmrestd connections (nothing to do on the CLI path)."""
+        if self._rest is not None:
+            await self._rest.aclose()
 
     # ------------------------------------------------------------------------ reads
 
@@ -228,6 +250,8 @@ class SlurmScheduler:
         return (await self.version()).has_json
 
     async def _nodes(self) -> list[SlurmNodeInfo]:
+        if self._rest is not None:
+            return _parse_rest(parse_nodes_json, await self._rest.get("nodes"), node=None)
         if not await self._use_json():
             result = await self._cli.run("scontrol", "--oneliner", "show", "node")
             return _parse(parse_scontrol_nodes, result, node=None)
@@ -239,7 +263,14 @@ class SlurmScheduler:
         return _parse(parse_nodes_json, result, node=None)
 
     async def _node(self, node: str) -> SlurmNodeInfo:
-        """One node's state, read fresh. Unknown nodes make scontrol exit 1."""
+        """One node's state, read fresh. Unknown nodes make scontrol exit 1 (and
+        slurmrestd answer an ``errors`` list)."""
+        if self._rest is not None:
+            answer = await self._rest.get(f"node/{quote(node, safe='')}", node=node)
+            for info in _parse_rest(parse_nodes_json, answer, node=node):
+                if info.name == node:
+                    return info
+            raise DriverError(f"slurm: node {node}: {answer.request} did not list it")
         if await self._use_json() and (await self.version()).has_data_parser:
             result = await self._cli.run("scontrol", "--json", "show", "node", node, node=node)
             nodes = _parse(parse_nodes_json, result, node=node)
@@ -253,6 +284,8 @@ class SlurmScheduler:
         raise DriverError(f"slurm: node {node}: `{result.command}` did not list it")
 
     async def _jobs(self) -> list[SlurmJobInfo]:
+        if self._rest is not None:
+            return _parse_rest(parse_jobs_json, await self._rest.get("jobs"), node=None)
         if await self._use_json():
             result = await self._cli.run("squeue", "--all", "--json")
             return _parse(parse_jobs_json, result, node=None)
@@ -281,14 +314,23 @@ async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
 
 def _parse(parser: Callable[[str], T], result: CommandResult, *, node: str | None) -> T:
     """Run a pure parser on a command's output; its ValueError becomes a DriverError."""
+    stderr = result.stderr.strip()
+    tail = f"; stderr: {stderr[:500]}" if stderr else ""
+    return _parse_text(parser, result.stdout, source=f"`{result.command}`", tail=tail, node=node)
+
+
+def _parse_rest(parser: Callable[[str], T], answer: RestAnswer, *, node: str | None) -> T:
+    """Run a pure parser on a slurmrestd answer's body, as ``_parse`` does."""
+    return _parse_text(parser, answer.text, source=answer.request, tail="", node=node)
+
+
+def _parse_text(
+    parser: Callable[[str], T], text: str, *, source: str, tail: str, node: str | None
+) -> T:
     where = f"node {node}: " if node else ""
     try:
-        return parser(result.stdout)
+        return parser(text)
     except SlurmReportedError as exc:
-        stderr = result.stderr.strip()
-        tail = f"; stderr: {stderr[:500]}" if stderr else ""
-        raise DriverError(f"slurm: {where}`{result.command}` reported errors: {exc}{tail}") from exc
+        raise DriverError(f"slurm: {where}{source} reported errors: {exc}{tail}") from exc
     except ValueError as exc:
-        raise DriverError(
-            f"slurm: {where}`{result.command}`: could not read its output: {exc}"
-        ) from exc
+        raise DriverError(f"slurm: {where}{source}: could not read its output: {exc}") from exc

@@ -229,6 +229,21 @@ def json_errors(doc: Mapping[str, Any]) -> list[str]:
     return messages
 
 
+def error_body_text(text: str, *, limit: int = 2000) -> str:
+    """What a failed slurmrestd answer says, for a message: the ``errors`` of a JSON body
+    (``Invalid node name specified (error 2018)``), else its text (``Authentication
+    failure``, the 401 body), else ``(empty body)``."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        errors = json_errors(doc)
+        if errors:
+            return "; ".join(errors)[:limit]
+    return text.strip()[:limit] or "(empty body)"
+
+
 def _list_of_objects(doc: Mapping[str, Any], key: str, *, what: str) -> list[Mapping[str, Any]]:
     items = doc.get(key)
     if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
