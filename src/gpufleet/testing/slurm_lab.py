@@ -28,6 +28,11 @@ Stable API (the Slurm driver's tests rely on it; add to it, do not change it)::
     lab.set_hook("epilog", "gpufleet slurm epilog ...")        # or None; takes effect at once
     lab.faults_dir             # a file <node> here drains <node> at the next health check
     lab.logs_tail(lines=40)    # every lab log's last lines, for failure messages
+    lab.rest_socket            # slurmrestd with local auth: unix:// + this path
+    lab.rest_url               # slurmrestd with JWT auth on TCP: "http://127.0.0.1:<base+20>"
+    lab.jwt("root", lifespan_s=600)   # a token for it (`scontrol token`)
+    lab.stop_slurmrestd("local")      # or "jwt": SIGTERM, wait until it is gone
+    lab.start_slurmrestd()     # start what is stopped; returns once both accept connections
     lab.down()                 # stop every daemon (state kept: up() again resumes it)
     lab.purge()                # down, drop the accounting database, delete the dir
 
@@ -65,6 +70,15 @@ class SlurmLabError(RuntimeError):
 
 class SlurmNotInstalledError(SlurmLabError):
     """The Slurm packages are not on this machine."""
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie counts: PID 1 here may reap it late)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in {"Z", "X"}
 
 
 def missing_binaries() -> list[str]:
@@ -179,6 +193,73 @@ class SlurmLab:
         if not out:
             raise SlurmLabError("`slurmctld -V` printed nothing")
         return out[-1]
+
+    @property
+    def rest_socket(self) -> Path:
+        """The unix socket of the lab's slurmrestd with ``rest_auth/local`` (root)."""
+        return self.dir / "run" / "slurmrestd.sock"
+
+    @cached_property
+    def rest_url(self) -> str:
+        """``http://127.0.0.1:<port base + 20>``: the lab's slurmrestd with ``rest_auth/jwt``
+        (the port recorded by ``up()``, as ``slurm-lab env`` prints it)."""
+        for line in self._script("env", timeout_s=30).stdout.splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            if name == "SLURM_LAB_REST_URL":
+                return value
+        raise SlurmLabError(f"`slurm-lab env` printed no SLURM_LAB_REST_URL (lab {self.dir})")
+
+    def jwt(self, user: str = "root", *, lifespan_s: int = 600) -> str:
+        """A JWT for ``user`` from ``scontrol token``, valid ``lifespan_s`` seconds."""
+        out = self.run("scontrol", "token", f"username={user}", f"lifespan={lifespan_s}").stdout
+        name, _, token = out.strip().partition("=")
+        if name != "SLURM_JWT" or not token:
+            raise SlurmLabError(f"`scontrol token` printed no SLURM_JWT=...: {out.strip()!r}")
+        return token
+
+    def stop_slurmrestd(self, which: str = "local", *, timeout_s: float = 15.0) -> None:
+        """Stop one of the lab's slurmrestd daemons (``local``: the unix socket one;
+        ``jwt``: the TCP one) with SIGTERM, SIGKILL past ``timeout_s``; returns once it is
+        gone. ``start_slurmrestd`` (or ``up``) starts it again."""
+        if which not in ("local", "jwt"):
+            raise ValueError(f"which must be 'local' or 'jwt', got {which!r}")
+        pidfile = self.dir / "run" / f"slurmrestd-{which}.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except (OSError, ValueError):
+            return  # not running
+        if comm != "slurmrestd":
+            pidfile.unlink(missing_ok=True)  # a reused pid: not ours
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while not _gone(pid):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 5.0
+            time.sleep(0.05)
+        pidfile.unlink(missing_ok=True)
+
+    def start_slurmrestd(self, *, timeout_s: float = 15.0) -> None:
+        """Start whichever slurmrestd is not running (``up``); returns once the socket and
+        the TCP port accept connections."""
+        self.up()
+        host, _, port = self.rest_url.removeprefix("http://").partition(":")
+
+        def accepting() -> bool:
+            for family, address in (
+                (socket.AF_UNIX, str(self.rest_socket)),
+                (socket.AF_INET, (host, int(port))),
+            ):
+                with socket.socket(family) as s:
+                    try:
+                        s.connect(address)
+                    except OSError:
+                        return False
+            return True
+
+        self.wait_until(accepting, timeout_s=timeout_s, what="slurmrestd accepting connections")
 
     def env(self) -> dict[str, str]:
         """What a Slurm command needs to talk to this lab, to add to ``os.environ``."""
