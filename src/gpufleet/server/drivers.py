@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 
 from gpufleet.core.errors import InvalidInput
 from gpufleet.providers.base import Provider
 from gpufleet.schedulers.base import Scheduler
+from gpufleet.schedulers.slurm.config import SlurmConfig
+from gpufleet.schedulers.slurm.driver import SlurmScheduler
+from gpufleet.server.settings import ServerSettings
 
 
 @dataclass
@@ -33,3 +37,26 @@ class DriverRegistry:
                 f"scheduler {kind!r} is not configured on this server (configured: {known})",
                 field="scheduler",
             ) from None
+
+
+def slurm_scheduler(settings: ServerSettings) -> SlurmScheduler | None:
+    """The Slurm driver: for ``slurm_conf`` if set, else for the host's Slurm if its
+    commands are installed, reading through ``slurm_rest_url`` when that is set (then it
+    is built even without the commands: reads work, writes fail with a DriverError);
+    None when there is no Slurm to talk to.
+
+    Raises:
+        ValueError: ``slurm_rest_url`` is not http(s):// or unix:///<absolute path>.
+    """
+    env = {"SLURM_CONF": str(settings.slurm_conf)} if settings.slurm_conf is not None else {}
+    if not env and settings.slurm_rest_url is None and shutil.which("sinfo") is None:
+        return None
+    token_file = settings.slurm_rest_token_file
+    return SlurmScheduler(
+        SlurmConfig(
+            env=env,
+            rest_url=settings.slurm_rest_url,
+            rest_token_file=str(token_file) if token_file is not None else None,
+            rest_user=settings.slurm_rest_user,
+        )
+    )
