@@ -93,7 +93,7 @@ async def test_a_record_the_scheduler_corrects_later_is_copied_again(
         async with fleet.app.ctx.db.session() as session:
             row = (await session.scalars(select(JobRow))).one()
         assert row.user_name == "root"
-        (record,) = fleet.world._workload.ended_since(row.ended_at, [cid])  # noqa: SLF001
+        (record,) = fleet.world._workload.ended_since(row.ended_at, [cid])
         record.user, record.account = "alice", "alice-lab"
         await fleet.tick(5)
         async with fleet.app.ctx.db.session() as session:

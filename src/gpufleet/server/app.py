@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,11 +13,9 @@ from fastapi import APIRouter, FastAPI
 
 from gpufleet import __version__
 from gpufleet.core.clock import Clock, SystemClock
-from gpufleet.schedulers.slurm.config import SlurmConfig
-from gpufleet.schedulers.slurm.driver import SlurmScheduler
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
-from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.drivers import DriverRegistry, slurm_scheduler
 from gpufleet.server.errors import install_error_handlers
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
@@ -170,16 +167,6 @@ def _hoist_body_defs(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-
-
-def slurm_scheduler(settings: ServerSettings) -> SlurmScheduler | None:
-    """The Slurm driver: for ``slurm_conf`` if set, else for the host's Slurm if its
-    commands are installed; None when there is no Slurm to talk to."""
-    if settings.slurm_conf is not None:
-        return SlurmScheduler(SlurmConfig(env={"SLURM_CONF": str(settings.slurm_conf)}))
-    if shutil.which("sinfo") is not None:
-        return SlurmScheduler(SlurmConfig())
-    return None
 
 
 def build_loops(ctx: AppContext) -> list[LoopService]:

@@ -317,3 +317,28 @@ class ServerSettings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite+aiosqlite:///{self.data_dir / 'gpufleet.db'}"
+
+    # -- slurmrestd, for the `slurm` driver's reads (docs/slurm.md) -----------------
+    slurm_rest_url: str | None = Field(
+        default=None,
+        description=(
+            "slurmrestd the `slurm` driver reads nodes and jobs from: http(s)://host:6820 "
+            "(JWT auth) or unix:///path/slurmrestd.sock (local auth). Unset: reads use the "
+            "Slurm commands. Writes (drain, resume) and accounting always use the commands."
+        ),
+    )
+    slurm_rest_token_file: Path | None = Field(
+        default=None,
+        description=(
+            "File holding the JWT for slurmrestd (what `scontrol token` prints), read again "
+            "whenever it changes, so a cron job can renew it without a restart; a file, so "
+            "the token never sits in the environment. Unset: no token (local auth needs none)."
+        ),
+    )
+    slurm_rest_user: str = Field(
+        default="root",
+        description=(
+            "X-SLURM-USER-NAME sent with the token: the user it was made for. root, as the "
+            "Slurm commands run here: a user limited by PrivateData would see fewer jobs."
+        ),
+    )
