@@ -1,11 +1,11 @@
-"""RBAC as data: members read, admins do everything, the owner does everything."""
+"""RBAC as data: members read, admins do everything in their project, the owner everything."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpufleet.core.enums import Role
-from gpufleet.core.rbac import ROLE_PERMISSIONS, Permission, is_allowed
+from gpufleet.core.rbac import OWNER_ONLY, ROLE_PERMISSIONS, Permission, is_allowed, roles_with
 
 MEMBER_MAY = {
     Permission.PROJECT_READ,
@@ -14,7 +14,11 @@ MEMBER_MAY = {
     Permission.EVENT_READ,
     Permission.FINDING_READ,
     Permission.REPAIR_READ,
+    Permission.CHECK_READ,
     Permission.CHECK_RUN,
+    Permission.USAGE_READ,
+    Permission.VOLUME_READ,
+    Permission.MEMBER_READ,
     Permission.TOKEN_CREATE,
 }
 
@@ -23,8 +27,9 @@ def test_every_role_has_a_row() -> None:
     assert set(ROLE_PERMISSIONS) == set(Role)
 
 
-def test_admin_has_every_permission() -> None:
-    assert ROLE_PERMISSIONS[Role.ADMIN] == frozenset(Permission)
+def test_admin_has_every_project_permission() -> None:
+    assert ROLE_PERMISSIONS[Role.ADMIN] == frozenset(Permission) - OWNER_ONLY
+    assert {Permission.PROJECT_CREATE, Permission.USER_READ, Permission.USER_MANAGE} == OWNER_ONLY
 
 
 def test_member_permissions_are_a_subset_of_admin() -> None:
@@ -46,6 +51,9 @@ def test_member(permission: Permission) -> None:
         Permission.MEMBER_MANAGE,
         Permission.REPAIR_APPROVE,
         Permission.POLICY_MANAGE,
+        Permission.VOLUME_MANAGE,
+        Permission.TOKEN_MANAGE,
+        Permission.AUDIT_READ,
     ],
 )
 def test_member_cannot_change_the_control_plane(permission: Permission) -> None:
@@ -58,3 +66,15 @@ def test_no_role_means_nothing_and_owner_means_everything(permission: Permission
     assert not is_allowed(role=None, is_owner=False, permission=permission)
     assert is_allowed(role=None, is_owner=True, permission=permission)
     assert is_allowed(role=Role.MEMBER, is_owner=True, permission=permission)
+
+
+@pytest.mark.parametrize("permission", sorted(OWNER_ONLY))
+def test_owner_only_permissions_are_no_role_s(permission: Permission) -> None:
+    for role in Role:
+        assert not is_allowed(role=role, is_owner=False, permission=permission)
+    assert roles_with(permission) == ["owner"]
+
+
+def test_roles_with_lists_roles_then_owner() -> None:
+    assert roles_with(Permission.CLUSTER_READ) == ["admin", "member", "owner"]
+    assert roles_with(Permission.CLUSTER_DELETE) == ["admin", "owner"]

@@ -1,6 +1,9 @@
-"""Who may do what, as data. The server enforces it through one dependency per route.
+"""Who may do what, as data. The server enforces it through one dependency per route
+(``server/deps.py`` ``Allow``); the console and the CLI read the same table.
 
-The full RBAC/OIDC work extends this matrix; routes only ever ask ``is_allowed``.
+Roles are per project (``core.enums.Role``). The platform owner is global: every
+permission in every project, plus the few that belong to no project (``OWNER_ONLY``).
+A project-scoped token caps its holder to that project and, if it says so, to member.
 """
 
 from __future__ import annotations
@@ -19,15 +22,57 @@ class Permission(StrEnum):
     NODE_ACTION = "node.action"
     EVENT_READ = "event.read"
     FINDING_READ = "finding.read"
-    TOKEN_CREATE = "token.create"  # noqa: S105 - a permission name
-    MEMBER_MANAGE = "member.manage"
     REPAIR_READ = "repair.read"
     REPAIR_APPROVE = "repair.approve"
     POLICY_MANAGE = "policy.manage"  # the project's repair policy; the breaker reset
+    CHECK_READ = "check.read"
     CHECK_RUN = "check.run"
+    USAGE_READ = "usage.read"
+    VOLUME_READ = "volume.read"
+    VOLUME_MANAGE = "volume.manage"
+    MEMBER_READ = "member.read"
+    MEMBER_MANAGE = "member.manage"
+    TOKEN_CREATE = "token.create"  # noqa: S105 - a permission name: one's own tokens
+    TOKEN_MANAGE = "token.manage"  # noqa: S105 - list and revoke others' project tokens
+    AUDIT_READ = "audit.read"
+    # Outside any project: the platform owner's alone.
+    PROJECT_CREATE = "project.create"
+    USER_READ = "user.read"
+    USER_MANAGE = "user.manage"
 
 
-_READ = frozenset(
+DESCRIPTIONS: dict[Permission, str] = {
+    Permission.PROJECT_READ: "see the project",
+    Permission.CLUSTER_READ: "see its clusters and their status",
+    Permission.CLUSTER_CREATE: "create clusters",
+    Permission.CLUSTER_DELETE: "delete clusters",
+    Permission.NODE_READ: "see nodes and GPUs",
+    Permission.NODE_ACTION: "cordon, drain, reboot, reprovision, replace, remove nodes",
+    Permission.EVENT_READ: "see the timeline",
+    Permission.FINDING_READ: "see findings",
+    Permission.REPAIR_READ: "see repairs, the breaker, the repair policy; replay it",
+    Permission.REPAIR_APPROVE: "approve, dismiss and force repairs",
+    Permission.POLICY_MANAGE: "set the repair policy, reset the breaker",
+    Permission.CHECK_READ: "see active check runs",
+    Permission.CHECK_RUN: "run active checks on idle nodes",
+    Permission.USAGE_READ: "see GPU-hours",
+    Permission.VOLUME_READ: "see storage volumes",
+    Permission.VOLUME_MANAGE: "create, resize, delete, attach and detach volumes",
+    Permission.MEMBER_READ: "see who is in the project",
+    Permission.MEMBER_MANAGE: "add, change and remove members",
+    Permission.TOKEN_CREATE: "create personal API tokens for themselves",
+    Permission.TOKEN_MANAGE: "list and revoke anyone's tokens for the project",
+    Permission.AUDIT_READ: "read the project's audit log",
+    Permission.PROJECT_CREATE: "create projects and name their first admin",
+    Permission.USER_READ: "list every user",
+    Permission.USER_MANAGE: "create users, set their Unix names",
+}
+
+# Actions outside any one project: only the platform owner has them.
+OWNER_ONLY = frozenset({Permission.PROJECT_CREATE, Permission.USER_READ, Permission.USER_MANAGE})
+
+# Members work in the project: they see all of it, run checks and make their own tokens.
+_MEMBER = frozenset(
     {
         Permission.PROJECT_READ,
         Permission.CLUSTER_READ,
@@ -35,16 +80,19 @@ _READ = frozenset(
         Permission.EVENT_READ,
         Permission.FINDING_READ,
         Permission.REPAIR_READ,
+        Permission.CHECK_READ,
+        Permission.CHECK_RUN,
+        Permission.USAGE_READ,
+        Permission.VOLUME_READ,
+        Permission.MEMBER_READ,
+        Permission.TOKEN_CREATE,
     }
 )
 
 ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
-    Role.MEMBER: _READ | {Permission.CHECK_RUN, Permission.TOKEN_CREATE},
-    Role.ADMIN: frozenset(Permission),
+    Role.MEMBER: _MEMBER,
+    Role.ADMIN: frozenset(Permission) - OWNER_ONLY,
 }
-
-# Actions outside any one project: only the platform owner has them.
-GLOBAL_OWNER_ONLY = frozenset({"project.create", "project.list_all", "user.create"})
 
 
 def is_allowed(*, role: Role | None, is_owner: bool, permission: Permission) -> bool:
@@ -54,3 +102,9 @@ def is_allowed(*, role: Role | None, is_owner: bool, permission: Permission) -> 
     if role is None:
         return False
     return permission in ROLE_PERMISSIONS[role]
+
+
+def roles_with(permission: Permission) -> list[str]:
+    """Who holds ``permission``, as the docs' table lists it: roles, then "owner"."""
+    holders = [role.value for role in Role if permission in ROLE_PERMISSIONS[role]]
+    return [*holders, "owner"]

@@ -89,6 +89,9 @@ class UserRow(Base):
     email: Mapped[str | None] = mapped_column(String(254))
     is_owner: Mapped[bool] = mapped_column(Boolean, default=False)
     oidc_subject: Mapped[str | None] = mapped_column(String(255), unique=True)
+    # The user's account on cluster nodes (sudoers, Slurm AdminLevel): from the IdP's
+    # preferred_username at first login, or set by the owner. One person, one name.
+    unix_name: Mapped[str | None] = mapped_column(String(32), unique=True)
     created_at: Mapped[dt.datetime]
 
 
@@ -425,7 +428,10 @@ class JobRow(Base):
 
 class AuditLogRow(Base):
     __tablename__ = "audit_log"
-    __table_args__ = (Index("ix_audit_log_project_id_id", "project_id", "id"),)
+    __table_args__ = (
+        Index("ix_audit_log_project_id_id", "project_id", "id"),
+        Index("ix_audit_log_request_id", "request_id"),
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     ts: Mapped[dt.datetime]
@@ -436,7 +442,38 @@ class AuditLogRow(Base):
     project_id: Mapped[str | None] = mapped_column(String(36))
     source_ip: Mapped[str | None] = mapped_column(String(64))
     result: Mapped[str] = mapped_column(String(16))
+    # The HTTP request the row came from (X-Request-ID); None for background work.
+    request_id: Mapped[str | None] = mapped_column(String(36))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class VolumeRow(Base):
+    """A project's storage volume (name, size, mount path); attached to its clusters."""
+
+    __tablename__ = "volume"
+    __table_args__ = (UniqueConstraint("project_id", "name", name="uq_volume_project_name"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("project.id", ondelete="RESTRICT"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(63))
+    size_gb: Mapped[int] = mapped_column(Integer)
+    mount_path: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+
+
+class VolumeAttachmentRow(Base):
+    __tablename__ = "volume_attachment"
+
+    volume_id: Mapped[str] = mapped_column(
+        ForeignKey("volume.id", ondelete="CASCADE"), primary_key=True
+    )
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    created_at: Mapped[dt.datetime]
 
 
 class LeaseRow(Base):
