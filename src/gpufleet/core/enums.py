@@ -139,3 +139,5 @@ class EventKind(StrEnum):
     NODE_DAEMON = "node.daemon"  # from the agent: slurmd / munge restarted, or given up on
     NODE_CLEANUP = "node.cleanup"  # from the Slurm epilog: a finished job's leftovers killed
     NODE_GPU_STATE = "node.gpu_state"  # from the agent: scheduler's GPU view vs the hardware
+    CHECK_REQUESTED = "check.requested"  # an active check run was asked for
+    CHECK_STATUS = "check.status"  # a check run started, was skipped on a node, or ended

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import TypeVar
 
-from gpufleet.core.enums import ClusterStatus, NodeState, RepairStatus
+from gpufleet.core.enums import CheckStatus, ClusterStatus, NodeState, RepairStatus
 from gpufleet.core.errors import InvalidTransition
 
 C = ClusterStatus
@@ -49,6 +49,16 @@ REPAIR_TRANSITIONS: Mapping[RepairStatus, frozenset[RepairStatus]] = {
     R.RESOLVED: frozenset(),
     R.SUCCEEDED: frozenset(),
     R.FAILED: frozenset(),
+}
+
+K = CheckStatus
+CHECK_TRANSITIONS: Mapping[CheckStatus, frozenset[CheckStatus]] = {
+    K.PENDING: frozenset({K.RUNNING, K.ERROR, K.CANCELLED}),
+    K.RUNNING: frozenset({K.PASSED, K.FAILED, K.ERROR, K.CANCELLED}),
+    K.PASSED: frozenset(),
+    K.FAILED: frozenset(),
+    K.ERROR: frozenset(),
+    K.CANCELLED: frozenset(),
 }
 
 
