@@ -138,6 +138,11 @@ class WebSessionRow(Base):
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     source_ip: Mapped[str | None] = mapped_column(String(64))
+    # A console login made with an API token: the session has that token's scope (project,
+    # role) and ends when the token is revoked or expires. None: an OIDC login.
+    api_token_id: Mapped[str | None] = mapped_column(
+        ForeignKey("api_token.id", ondelete="CASCADE"), index=True
+    )
     created_at: Mapped[dt.datetime]
     expires_at: Mapped[dt.datetime]
     revoked_at: Mapped[dt.datetime | None]
@@ -400,6 +405,45 @@ class EventRow(Base):
     node_id: Mapped[str | None] = mapped_column(String(36))
     actor: Mapped[str | None] = mapped_column(String(128))
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class NodeTelemetryRow(Base):
+    """One minute of a node's GPU telemetry: the first report of the minute, per GPU.
+
+    Written by the ingest path (one row per node per minute, in the report's own
+    transaction); kept ``telemetry_history_s``. ``gpus`` holds one entry per GPU slot in
+    index order, ``[utilization %, memory used MiB, power W, temperature °C]`` rounded to
+    integers (the charts need no more), or null for a slot with no GPU reporting.
+    """
+
+    __tablename__ = "node_telemetry"
+
+    node_id: Mapped[str] = mapped_column(
+        ForeignKey("node.id", ondelete="CASCADE"), primary_key=True
+    )
+    minute: Mapped[dt.datetime] = mapped_column(primary_key=True, index=True)
+    mem_total_mib: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class ClusterTelemetryRow(Base):
+    """One minute of a cluster's GPU telemetry: sums over the node samples of the minute
+    (so averages are ``sum / gpus``); kept ``cluster_telemetry_history_s``."""
+
+    __tablename__ = "cluster_telemetry"
+
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), primary_key=True
+    )
+    minute: Mapped[dt.datetime] = mapped_column(primary_key=True, index=True)
+    nodes: Mapped[int] = mapped_column(Integer)  # node samples in the minute
+    gpus: Mapped[int] = mapped_column(Integer)  # GPU samples in the minute
+    util_sum: Mapped[float] = mapped_column(Float)
+    mem_used_mib: Mapped[float] = mapped_column(Float)
+    mem_total_mib: Mapped[float] = mapped_column(Float)
+    power_w: Mapped[float] = mapped_column(Float)
+    temp_sum: Mapped[float] = mapped_column(Float)
+    temp_max: Mapped[float] = mapped_column(Float)
 
 
 class JobRow(Base):
