@@ -220,6 +220,10 @@ class ClusterRow(_Leased, Base):
     # repair starts until an admin resets it.
     repair_breaker_tripped_at: Mapped[dt.datetime | None]
     repair_breaker_reason: Mapped[str | None] = mapped_column(Text)
+    # The acceptance suite (``core.acceptance.AcceptanceSuite`` as JSON); None: the default.
+    acceptance_suite: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Why the cluster is in its status, in words: "acceptance failed on gpu-003: ...".
+    status_detail: Mapped[str] = mapped_column(Text, default="", server_default="")
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     deleted_at: Mapped[dt.datetime | None]
@@ -253,6 +257,8 @@ class NodeRow(_Leased, Base):
     last_finding_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     provision_requested_at: Mapped[dt.datetime | None]
     provision_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Why the node is held where it is: a failed startup script, a failed acceptance check.
+    state_detail: Mapped[str] = mapped_column(Text, default="", server_default="")
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     removed_at: Mapped[dt.datetime | None]
@@ -530,3 +536,59 @@ class LeaseRow(Base):
     token: Mapped[str] = mapped_column(ID)
     acquired_at: Mapped[dt.datetime]
     expires_at: Mapped[dt.datetime]
+
+
+class NodeStartupRow(Base):
+    """One node start (provision, reboot, reprovision, failover, retry) and its startup
+    scripts, run in order through the agent command channel."""
+
+    __tablename__ = "node_startup"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"), index=True)
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), index=True
+    )
+    trigger: Mapped[str] = mapped_column(String(16))
+    # The machine and boot the scripts ran on (instance id @ boot time).
+    boot_key: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    scripts: Mapped[list[Any]] = mapped_column(JSON, default=list)  # as they were then
+    current: Mapped[int] = mapped_column(Integer, default=0)  # the script running now
+    command_id: Mapped[str | None] = mapped_column(String(36))  # its command, once sent
+    results: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    error: Mapped[str] = mapped_column(Text, default="")
+    repair_id: Mapped[str | None] = mapped_column(String(36))
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    finished_at: Mapped[dt.datetime | None]
+
+
+class AcceptanceRunRow(Base):
+    """One run of a cluster's acceptance suite over some of its nodes, and its report."""
+
+    __tablename__ = "acceptance_run"
+    __table_args__ = (Index("ix_acceptance_run_cluster_id_id", "cluster_id", "id"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"))
+    scope: Mapped[str] = mapped_column(String(16))  # cluster | node
+    trigger: Mapped[str] = mapped_column(String(16))  # provisioning | repair | manual
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    stage: Mapped[str] = mapped_column(String(16))  # node | cluster | done
+    node_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    check_run_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    suite: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # as it was then
+    # Per node: {"outcome": pending|pass|warn|fail|skipped, "reasons": [...]}.
+    results: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    repair_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # SHA-256 of the report's canonical JSON (``core.acceptance.canonical_json``).
+    report_sha256: Mapped[str | None] = mapped_column(String(64))
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime]
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+    updated_at: Mapped[dt.datetime]
