@@ -139,5 +139,10 @@ class EventKind(StrEnum):
     NODE_DAEMON = "node.daemon"  # from the agent: slurmd / munge restarted, or given up on
     NODE_CLEANUP = "node.cleanup"  # from the Slurm epilog: a finished job's leftovers killed
     NODE_GPU_STATE = "node.gpu_state"  # from the agent: scheduler's GPU view vs the hardware
+    NODE_STARTUP_SCRIPT = "node.startup_script"  # a startup script ran: exit code, output tail
+    CLUSTER_UPDATED = "cluster.updated"  # an admin changed the spec (suite, scripts, bounds)
+    ACCEPTANCE_OPT_OUT = "cluster.acceptance_opt_out"  # acceptance tests turned off (or on)
+    ACCEPTANCE_STARTED = "acceptance.started"
+    ACCEPTANCE_FINISHED = "acceptance.finished"  # passed, or failed naming the nodes
     CHECK_REQUESTED = "check.requested"  # an active check run was asked for
     CHECK_STATUS = "check.status"  # a check run started, was skipped on a node, or ended

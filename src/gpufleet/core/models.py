@@ -7,6 +7,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from gpufleet.core.acceptance import DEFAULT_SUITE, AcceptanceSuite
 from gpufleet.core.enums import (
     ClusterStatus,
     EventKind,
@@ -95,6 +96,8 @@ class Cluster(_Domain):
     nodes: NodeCounts | None = None
     node_prefix: str = ""  # node names: <node_prefix><first_node_index + slot, 3 digits>
     first_node_index: int = 0
+    acceptance_suite: AcceptanceSuite = DEFAULT_SUITE  # run unless acceptance_tests is off
+    status_detail: str = ""  # why the cluster is in its status, e.g. the node that failed
 
 
 class Gpu(_Domain):
@@ -137,6 +140,7 @@ class Node(_Domain):
     created_at: dt.datetime
     updated_at: dt.datetime
     gpus: list[Gpu] | None = None
+    state_detail: str = ""  # why it is held: a failed startup script or acceptance check
 
 
 class Event(_Domain):
