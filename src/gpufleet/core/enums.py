@@ -146,3 +146,4 @@ class EventKind(StrEnum):
     ACCEPTANCE_FINISHED = "acceptance.finished"  # passed, or failed naming the nodes
     CHECK_REQUESTED = "check.requested"  # an active check run was asked for
     CHECK_STATUS = "check.status"  # a check run started, was skipped on a node, or ended
+    NODE_COMMAND = "node.command"  # a command for the node's agent: queued, sent, ended

@@ -526,6 +526,45 @@ class VolumeAttachmentRow(Base):
     created_at: Mapped[dt.datetime]
 
 
+class NodeCommandRow(Base):
+    """A command for one node's agent (``core.agent_protocol.NodeCommand``), and how it
+    ended (``CommandResult``, as the agent sent it). See ``services/node_commands.py``."""
+
+    __tablename__ = "node_command"
+    __table_args__ = (
+        Index("ix_node_command_node_id_id", "node_id", "id"),
+        # The expiry sweep and the per-replica "who has work waiting" scan.
+        Index("ix_node_command_status_updated_at", "status", "updated_at"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"))
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    argv: Mapped[list[Any]] = mapped_column(JSON)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    cwd: Mapped[str | None] = mapped_column(String(4096))
+    timeout_s: Mapped[float] = mapped_column(Float)
+    max_output_bytes: Mapped[int] = mapped_column(Integer)
+    purpose: Mapped[str] = mapped_column(String(200), default="")
+    ref: Mapped[str | None] = mapped_column(String(128), index=True)  # e.g. check_run:<id>
+    requested_by: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    expires_at: Mapped[dt.datetime]
+    sent_at: Mapped[dt.datetime | None]
+    deadline_at: Mapped[dt.datetime | None]
+    agent_boot_id: Mapped[str | None] = mapped_column(String(64))
+    deliveries: Mapped[int] = mapped_column(Integer, default=0)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    result_at: Mapped[dt.datetime | None]
+    late_result: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
 class LeaseRow(Base):
     """A named lease: which replica runs a loop, until when (one active replica per loop)."""
 
