@@ -321,6 +321,7 @@ class FindingRow(Base):
 
 class CheckRunRow(_Leased, Base):
     __tablename__ = "check_run"
+    __table_args__ = (Index("ix_check_run_cluster_id_id", "cluster_id", "id"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     cluster_id: Mapped[str] = mapped_column(
@@ -336,6 +337,22 @@ class CheckRunRow(_Leased, Base):
     created_at: Mapped[dt.datetime]
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
+    # "on_demand" (a person asked), "acceptance" (the suite), "localisation" (bisecting a
+    # failed multi-node run; its rounds are child runs with the same purpose).
+    purpose: Mapped[str] = mapped_column(
+        String(16), default="on_demand", server_default="on_demand"
+    )
+    parent_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    forced: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # Where it runs ("agent", "slurm"), and what the runner needs to resume following it
+    # after a restart: command ids, the Slurm job id and reservation, the output paths.
+    backend: Mapped[str | None] = mapped_column(String(16))
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+    # Nodes asked for but not checked, each {node_id, node, reason} (a job runs there).
+    skipped: Mapped[list[Any]] = mapped_column(JSON, default=list, server_default="[]")
+    detail: Mapped[str] = mapped_column(Text, default="", server_default="")
+    deadline_at: Mapped[dt.datetime | None]  # killed and failed ("did not finish") after
+    updated_at: Mapped[dt.datetime | None]
 
 
 class RepairRow(_Leased, Base):
