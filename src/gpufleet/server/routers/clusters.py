@@ -8,7 +8,7 @@ import gpufleet.server.services.clusters as clusters_services
 from gpufleet.core.enums import ClusterStatus
 from gpufleet.core.models import Cluster, Page
 from gpufleet.server.deps import CallerDep, CtxDep
-from gpufleet.server.schemas.clusters import CreateClusterRequest
+from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateClusterRequest
 
 router = APIRouter(prefix="/clusters", tags=["clusters"])
 
@@ -71,6 +71,25 @@ async def get_cluster_status(cluster_id: str, caller: CallerDep, ctx: CtxDep) ->
         "size": cluster.size,
         "nodes": cluster.nodes.model_dump(mode="json") if cluster.nodes else None,
     }
+
+
+@router.patch("/{cluster_id}")
+async def update_cluster(
+    cluster_id: str,
+    body: UpdateClusterRequest,
+    caller: CallerDep,
+    ctx: CtxDep,
+) -> Cluster:
+    """Acceptance opt-out and suite, startup scripts, autoscaling bounds (admins)."""
+    async with ctx.db.transaction() as session:
+        return await clusters_services.update_cluster(
+            session,
+            caller=caller,
+            cluster_id=cluster_id,
+            request=body,
+            staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
+        )
 
 
 @router.delete("/{cluster_id}", status_code=status.HTTP_202_ACCEPTED)

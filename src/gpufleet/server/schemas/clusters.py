@@ -4,6 +4,7 @@ from typing import Annotated
 
 from pydantic import Field, StrictBool, StringConstraints
 
+from gpufleet.core.acceptance import AcceptanceSuite
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.server.schemas.common import Name, Ref, Request
@@ -13,6 +14,12 @@ LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_./-]{1,63}$")]
 LabelValue = Annotated[str, StringConstraints(max_length=255)]
 # A host-name start: nodes are <prefix><index, 3 digits>, e.g. "gpu-" → gpu-001, gpu-002.
 NodePrefix = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,59}$")]
+# Shell scripts run in order on every node start, each under /bin/sh -c.
+StartupScripts = Annotated[
+    list[Annotated[str, StringConstraints(min_length=1, max_length=65536)]], Field(max_length=32)
+]
+AutoscaleMin = Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE, strict=True)]
+AutoscaleMax = Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)]
 
 
 class CreateClusterRequest(Request):
@@ -24,13 +31,26 @@ class CreateClusterRequest(Request):
     gpus_per_node: Annotated[int, Field(ge=0, le=64, strict=True)] = 8
     size: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)]
     acceptance_tests: StrictBool = True
-    startup_scripts: Annotated[
-        list[Annotated[str, StringConstraints(max_length=65536)]], Field(max_length=32)
-    ] = []
-    autoscale_min: Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE, strict=True)] | None = None
-    autoscale_max: Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)] | None = None
+    # None: the default suite (dcgm diag level 3, NCCL per node and across the cluster,
+    # ib_write_bw per HCA).
+    acceptance_suite: AcceptanceSuite | None = None
+    startup_scripts: StartupScripts = []
+    autoscale_min: AutoscaleMin | None = None
+    autoscale_max: AutoscaleMax | None = None
     labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=64)] = {}
     # Node names: <node_prefix><first_node_index + slot, 3 digits>. The default prefix is
     # "<name>-" from 000; set them to match machines already named (Slurm's gpu-001...).
     node_prefix: NodePrefix | None = None
     first_node_index: Annotated[int, Field(ge=0, le=99_999, strict=True)] = 0
+
+
+class UpdateClusterRequest(Request):
+    """PATCH: only the fields given change. ``acceptance_suite: null`` resets the suite to
+    the default; ``autoscale_min``/``autoscale_max`` null removes that bound."""
+
+    acceptance_tests: StrictBool | None = None
+    acceptance_suite: AcceptanceSuite | None = None
+    startup_scripts: StartupScripts | None = None
+    autoscale_min: AutoscaleMin | None = None
+    autoscale_max: AutoscaleMax | None = None
+    reason: Annotated[str, Field(max_length=1000)] = ""

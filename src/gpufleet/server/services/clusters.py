@@ -1,14 +1,16 @@
-"""Clusters: create, list, show, status, delete."""
+"""Clusters: create, list, show, update (PATCH), status, delete."""
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Sequence
 
 from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpufleet.core.acceptance import suite_or_default
 from gpufleet.core.clock import utcnow
 from gpufleet.core.enums import (
     ClusterStatus,
@@ -26,7 +28,7 @@ from gpufleet.core.rbac import Permission
 from gpufleet.core.transitions import CLUSTER_TRANSITIONS, check_transition
 from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
-from gpufleet.server.schemas.clusters import CreateClusterRequest
+from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateClusterRequest
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
@@ -63,6 +65,8 @@ def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None)
         created_at=row.created_at,
         updated_at=row.updated_at,
         nodes=counts,
+        acceptance_suite=suite_or_default(row.acceptance_suite),
+        status_detail=row.status_detail or "",
     )
 
 
@@ -132,13 +136,7 @@ async def create_cluster(
         )
     drivers.provider(request.provider.value)
     drivers.scheduler(request.scheduler.value)
-    lo, hi = request.autoscale_min, request.autoscale_max
-    if lo is not None and hi is not None and lo > hi:
-        raise InvalidInput("autoscale_min must not exceed autoscale_max", field="autoscale_min")
-    if hi is not None and request.size > hi:
-        raise InvalidInput("size must not exceed autoscale_max", field="size")
-    if lo is not None and request.size < lo:
-        raise InvalidInput("size must not be below autoscale_min", field="size")
+    _check_bounds(size=request.size, lo=request.autoscale_min, hi=request.autoscale_max)
     if await _live_cluster_named(session, project_id=project.id, name=request.name):
         raise Conflict(
             f"project {project.name} already has a cluster named {request.name!r}", field="name"
@@ -156,6 +154,10 @@ async def create_cluster(
         status=ClusterStatus.PROVISIONING.value,
         health=Health.UNKNOWN.value,
         acceptance_tests=request.acceptance_tests,
+        acceptance_suite=(
+            request.acceptance_suite.model_dump(mode="json") if request.acceptance_suite else None
+        ),
+        status_detail="",
         startup_scripts=list(request.startup_scripts),
         autoscale_min=request.autoscale_min,
         autoscale_max=request.autoscale_max,
@@ -191,6 +193,8 @@ async def create_cluster(
         source_ip=caller.source_ip,
         detail=request.model_dump(mode="json", exclude={"startup_scripts"}),
     )
+    if not request.acceptance_tests:
+        _record_opt_out(session, cluster=row, caller=caller, reason="at creation", now=now)
     try:
         await session.flush()
     except IntegrityError as exc:  # a concurrent create won the race for the name
@@ -204,6 +208,140 @@ async def create_cluster(
         gpus=0,
     )
     return cluster_row_to_cluster(row, counts=counts)
+
+
+def _check_bounds(*, size: int, lo: int | None, hi: int | None) -> None:
+    if lo is not None and hi is not None and lo > hi:
+        raise InvalidInput("autoscale_min must not exceed autoscale_max", field="autoscale_min")
+    if hi is not None and size > hi:
+        raise InvalidInput("size must not exceed autoscale_max", field="size")
+    if lo is not None and size < lo:
+        raise InvalidInput("size must not be below autoscale_min", field="size")
+
+
+def _record_opt_out(
+    session: AsyncSession, *, cluster: ClusterRow, caller: Caller, reason: str, now: dt.datetime
+) -> None:
+    """Acceptance tests turned off (or back on): an event on the timeline and an audit row."""
+    on = cluster.acceptance_tests
+    what = "turned back on" if on else "turned off (opt-out): nodes skip the suite"
+    record_event(
+        session,
+        kind=EventKind.ACCEPTANCE_OPT_OUT,
+        message=f"cluster {cluster.name}: acceptance tests {what}"
+        + (f": {reason}" if reason else ""),
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        actor=caller.actor,
+        data={"acceptance_tests": on, "reason": reason},
+        ts=now,
+    )
+    record_audit(
+        session,
+        actor=caller.actor,
+        action="cluster.acceptance_opt_in" if on else "cluster.acceptance_opt_out",
+        object_type="cluster",
+        object_id=cluster.id,
+        project_id=cluster.project_id,
+        source_ip=caller.source_ip,
+        detail={"acceptance_tests": on, "reason": reason},
+    )
+
+
+async def update_cluster(
+    session: AsyncSession,
+    *,
+    caller: Caller,
+    cluster_id: str,
+    request: UpdateClusterRequest,
+    staleness_s: float,
+    now: dt.datetime,
+) -> Cluster:
+    """Change what a cluster runs at node start and before it takes work, and its
+    autoscaling bounds (admins). Only the fields the body names change; a new suite or new
+    scripts apply from the next run or node start, never to one under way."""
+    row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
+    require(caller, Permission.CLUSTER_CREATE, row.project_id)
+    if ClusterStatus(row.status) in (ClusterStatus.DELETING, ClusterStatus.DELETED):
+        raise Conflict(f"cluster {row.name} is {row.status}; it cannot be changed")
+    await session.refresh(row, with_for_update=True)
+    given = request.model_fields_set - {"reason"}
+    if not given:
+        raise InvalidInput(
+            "nothing to change: give one of acceptance_tests, acceptance_suite, "
+            "startup_scripts, autoscale_min, autoscale_max"
+        )
+    if "acceptance_tests" in given and request.acceptance_tests is None:
+        raise InvalidInput("acceptance_tests is true or false", field="acceptance_tests")
+    if "startup_scripts" in given and request.startup_scripts is None:
+        raise InvalidInput("startup_scripts is a list ([] for none)", field="startup_scripts")
+    lo = request.autoscale_min if "autoscale_min" in given else row.autoscale_min
+    hi = request.autoscale_max if "autoscale_max" in given else row.autoscale_max
+    _check_bounds(size=row.size, lo=lo, hi=hi)
+    before = _spec(row)
+    if request.acceptance_tests is not None:
+        row.acceptance_tests = request.acceptance_tests
+    if "acceptance_suite" in given:
+        suite = request.acceptance_suite
+        row.acceptance_suite = suite.model_dump(mode="json") if suite is not None else None
+    if request.startup_scripts is not None:
+        row.startup_scripts = list(request.startup_scripts)
+    row.autoscale_min, row.autoscale_max = lo, hi
+    after = _spec(row)
+    changed = sorted(k for k in after if after[k] != before[k])
+    if changed:
+        row.updated_at = now
+        record_event(
+            session,
+            kind=EventKind.CLUSTER_UPDATED,
+            message=f"cluster {row.name}: {', '.join(changed)} changed by {caller.actor}"
+            + (f": {request.reason}" if request.reason else ""),
+            project_id=row.project_id,
+            cluster_id=row.id,
+            actor=caller.actor,
+            data={"changed": changed, "reason": request.reason},
+            ts=now,
+        )
+        record_audit(
+            session,
+            actor=caller.actor,
+            action="cluster.update",
+            object_type="cluster",
+            object_id=row.id,
+            project_id=row.project_id,
+            source_ip=caller.source_ip,
+            # Scripts may hold site details: the audit names that they changed, and their
+            # digest, not their text.
+            detail={
+                "changed": changed,
+                "reason": request.reason,
+                "before": _audit_spec(before),
+                "after": _audit_spec(after),
+            },
+        )
+    if "acceptance_tests" in changed:
+        _record_opt_out(session, cluster=row, caller=caller, reason=request.reason, now=now)
+    counts = await count_nodes(session, cluster_ids=[row.id], staleness_s=staleness_s, now=now)
+    return cluster_row_to_cluster(row, counts=counts[row.id])
+
+
+def _spec(row: ClusterRow) -> dict[str, object]:
+    return {
+        "acceptance_tests": row.acceptance_tests,
+        "acceptance_suite": row.acceptance_suite,
+        "startup_scripts": list(row.startup_scripts or []),
+        "autoscale_min": row.autoscale_min,
+        "autoscale_max": row.autoscale_max,
+    }
+
+
+def _audit_spec(spec: dict[str, object]) -> dict[str, object]:
+    scripts = spec["startup_scripts"]
+    assert isinstance(scripts, list)
+    return {
+        **spec,
+        "startup_scripts": [hashlib.sha256(str(s).encode()).hexdigest()[:16] for s in scripts],
+    }
 
 
 def new_node_rows(
