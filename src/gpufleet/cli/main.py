@@ -11,6 +11,7 @@ from typer.core import TyperGroup
 from gpufleet.cli import (
     agent,
     auth,
+    checks,
     clusters,
     events,
     findings,
@@ -76,6 +77,7 @@ app.add_typer(nodes.app, name="nodes")
 app.add_typer(repairs.app, name="repairs")
 app.add_typer(usage.app, name="usage")
 app.add_typer(slurm_node.app, name="slurm")
+app.add_typer(checks.app, name="checks")
 app.command("events")(events.list_events)
 app.command("findings")(findings.list_findings)
 app.command("inject")(inject.inject)
