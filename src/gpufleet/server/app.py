@@ -38,6 +38,7 @@ from gpufleet.server.routers import (
 from gpufleet.server.services.auth import bootstrap_owner
 from gpufleet.server.settings import ServerSettings
 from gpufleet.server.sim_wiring import SimBundle, build_sim
+from gpufleet.server.web.router import install_console
 from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
 from gpufleet.server.workers.health import HealthLoop
@@ -143,6 +144,7 @@ def create_app(
         api.include_router(module.router)
     app.include_router(probes.router)
     app.include_router(api)
+    install_console(app)  # the web console: pages and /static (server/web/)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
 

@@ -19,9 +19,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.errors import Forbidden, Unauthorized
 from gpufleet.core.ids import new_id
-from gpufleet.server.db.tables import UserRow, WebSessionRow
+from gpufleet.core.enums import Role
+from gpufleet.server.db.tables import ApiTokenRow, UserRow, WebSessionRow
 from gpufleet.server.services.audit import record_audit
-from gpufleet.server.services.auth import Caller, generate_token, hash_token, load_memberships
+from gpufleet.server.services.auth import (
+    Caller,
+    generate_token,
+    hash_token,
+    load_memberships,
+    resolve_caller,
+)
 
 SESSION_PREFIX = "gpfs_"  # a prefix, not a secret
 SESSION_COOKIE = "gpufleet_session"
@@ -91,6 +98,60 @@ async def create_web_session(
     return CreatedSession(secret=secret, session_id=row.id, expires_at=row.expires_at)
 
 
+async def create_web_session_from_token(
+    session: AsyncSession,
+    *,
+    token: str,
+    now: dt.datetime,
+    lifetime_s: float,
+    source_ip: str | None,
+) -> CreatedSession:
+    """A console login with a personal API token (the console's token form).
+
+    The session sees exactly what the token may see: it keeps the token's project and
+    role, ends when the token is revoked, and never outlives the token's expiry.
+    Raises ``Unauthorized`` for anything but a valid API token (node tokens included).
+    """
+    caller = await resolve_caller(session, token=token, source_ip=source_ip)
+    user = await session.get(UserRow, caller.user_id)
+    token_row = await session.get(ApiTokenRow, caller.token_id)
+    if user is None or token_row is None:  # deleted between the two reads
+        raise Unauthorized("invalid or revoked token")
+    expires_at = now + dt.timedelta(seconds=lifetime_s)
+    if token_row.expires_at is not None:
+        expires_at = min(expires_at, token_row.expires_at)
+    secret = generate_token(SESSION_PREFIX)
+    row = WebSessionRow(
+        id=new_id(),
+        user_id=user.id,
+        token_hash=hash_token(secret),
+        source_ip=source_ip,
+        api_token_id=token_row.id,
+        created_at=now,
+        expires_at=expires_at,
+        revoked_at=None,
+        last_used_at=None,
+    )
+    session.add(row)
+    record_audit(
+        session,
+        actor=f"user:{user.name}",
+        action="session.create",
+        object_type="web_session",
+        object_id=row.id,
+        project_id=token_row.project_id,
+        source_ip=source_ip,
+        detail={
+            "expires_at": expires_at.isoformat(),
+            "via": "api_token",
+            "api_token_id": token_row.id,
+            "project_id": token_row.project_id,
+            "role": token_row.role,
+        },
+    )
+    return CreatedSession(secret=secret, session_id=row.id, expires_at=expires_at)
+
+
 async def resolve_session_caller(
     session: AsyncSession, *, secret: str, now: dt.datetime, source_ip: str | None
 ) -> Caller:
@@ -107,6 +168,17 @@ async def resolve_session_caller(
     user = await session.get(UserRow, row.user_id)
     if user is None:
         raise Unauthorized("the session's user no longer exists")
+    token_project_id: str | None = None
+    token_role: Role | None = None
+    if row.api_token_id is not None:
+        # Opened with an API token: the token's scope, for as long as the token is good.
+        token = await session.get(ApiTokenRow, row.api_token_id)
+        if token is None or token.revoked_at is not None:
+            raise Unauthorized("the API token this session was opened with was revoked")
+        if token.expires_at is not None and token.expires_at <= now:
+            raise Unauthorized("the API token this session was opened with expired")
+        token_project_id = token.project_id
+        token_role = Role(token.role) if token.role else None
     if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):
         await session.execute(
             update(WebSessionRow).where(WebSessionRow.id == row.id).values(last_used_at=now)
@@ -116,8 +188,8 @@ async def resolve_session_caller(
         user_name=user.name,
         is_owner=user.is_owner,
         token_id=row.id,
-        token_project_id=None,
-        token_role=None,
+        token_project_id=token_project_id,
+        token_role=token_role,
         memberships=await load_memberships(session, user_id=user.id),
         source_ip=source_ip,
         auth_method="session",

@@ -1,0 +1,28 @@
+"""The web console: server-rendered pages over the same service functions as the API.
+
+``install_console(app)`` adds the pages (``/``, ``/login``, ``/projects/...``,
+``/clusters/...``) and the static files (``/static``). See docs/console.md.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from gpufleet.server.web import cluster, live, login, overview
+
+
+def console_router() -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+    for module in (login, overview, cluster, live):
+        router.include_router(module.router)
+    return router
+
+
+def install_console(app: FastAPI) -> None:
+    app.mount(
+        "/static",
+        StaticFiles(packages=[("gpufleet.server.web", "static")]),
+        name="console-static",
+    )
+    app.include_router(console_router())
