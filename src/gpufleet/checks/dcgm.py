@@ -336,11 +336,10 @@ def _closes(text: str, start: int) -> bool:
     return False
 
 
-def _find_document(text: str) -> tuple[dict[str, object] | None, int, bool]:
-    """The first JSON object in ``text`` that is a dcgmi diag document, and its offset.
-
-    Returns ``(None, start, True)`` for a diag document that began at ``start`` but was
-    cut off, and ``(None, -1, False)`` when there is none.
+def _find_document(text: str) -> tuple[dict[str, object] | None, int, int, bool]:
+    """The first JSON object in ``text`` that is a dcgmi diag document: ``(value, start,
+    end, False)``; ``(None, start, len(text), True)`` for one that began at ``start`` but
+    was cut off; ``(None, -1, -1, False)`` when there is none.
 
     Raises:
         ParseError: a diag document that is complete but not valid JSON. (Reading on
@@ -357,16 +356,16 @@ def _find_document(text: str) -> tuple[dict[str, object] | None, int, bool]:
             head = text[start : start + 4096]
             if any(f'"{k}"' in head for k in (*DIAG_KEYS, "test_categories", "iterations")):
                 if not _closes(text, start):
-                    return None, start, True  # cut off inside a diag document
+                    return None, start, len(text), True  # cut off inside a diag document
                 raise ParseError(
                     f"malformed dcgmi diag JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
                 ) from None
             start = text.find("{", start + 1)
             continue
         if _is_diag(value):
-            return value, start, False
+            return value, start, end, False
         start = text.find("{", end)
-    return None, -1, False
+    return None, -1, -1, False
 
 
 def parse_dcgm_diag(text: str) -> DcgmDiagResult:
@@ -376,9 +375,9 @@ def parse_dcgm_diag(text: str) -> DcgmDiagResult:
         ParseError: no dcgmi diag JSON document and no dcgmi error line in ``text`` (also
             for dcgmi's box-drawn text output: run it with ``-j``).
     """
-    value, start, truncated = _find_document(text)
-    # JSON strings hold no raw newline, so a line starting "Error" is dcgmi's, not the doc's.
-    error_lines = [line.strip() for line in split_lines(text) if _ERROR_LINE.match(line)]
+    value, start, end, truncated = _find_document(text)
+    outside = text if start < 0 else text[:start] + "\n" + text[end:]
+    error_lines = [line.strip() for line in split_lines(outside) if _ERROR_LINE.match(line)]
     out = _Doc(errors=error_lines)
     iterations: int | None = None
     if truncated:

@@ -61,7 +61,7 @@ class GpuBurnGpu:
     died: bool = False
     processed_last: int | None = None
     gflops_last: float | None = None
-    gflops_max: float | None = None
+    gflops_max: float | None = None  # best reading at the end of a run of repaints
     temp_max_c: int | None = None
     precision: str | None = None  # FLOATS or DOUBLES
     tensor_cores: bool = False
@@ -176,7 +176,14 @@ def parse_gpu_burn(text: str) -> GpuBurnResult:
     errors: list[GpuBurnError] = []
     recognized = False
 
-    for number, raw in enumerate(split_lines(text), start=1):
+    lines = split_lines(text)
+    last = len(lines) - 1
+    for number, raw in enumerate(lines, start=1):
+        # A terminal capture keeps every repaint of the progress line (~70 per 0.1 %, tens
+        # of MB an hour). Counts only grow between summaries and a death is sticky, so the
+        # last repaint before any other line carries everything the earlier ones did.
+        if number <= last and "proc'd:" in raw and "proc'd:" in lines[number]:
+            continue
         line = " ".join(strip_launcher_prefix(raw).split())  # tabs, runs of spaces: one space
         if not line:
             continue

@@ -69,8 +69,10 @@ _FATAL: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"|\*\*\* Process received signal \*\*\*|Signal: \S+ \(\d+\))")),
 )  # fmt: skip
 # Prefilter: only lines holding one of these can match a fatal pattern.
-_FATAL_HINTS = ("Test ", "fault", "Bus error", "core dumped", "signal", "Signal", "mpirun",
-                "MPI_ABORT", "srun: error", "CANCELLED", "Killed", "terminate called")  # fmt: skip
+_FATAL_HINT = re.compile(
+    r"Test |fault|Bus error|core dumped|[sS]ignal|mpirun|MPI_ABORT|srun: error|CANCELLED|"
+    r"Killed|terminate called"
+)
 _NCCL_WARN = re.compile(r"^(?P<host>[^\s:]+):\d+:\d+ \[(?P<dev>\d+)\] .*NCCL WARN (?P<msg>.*)")
 
 
@@ -381,7 +383,7 @@ def _infer_collective(rows: tuple[NcclRow, ...], nranks: int) -> str | None:
 
 
 def _fatal(line: str, number: int) -> NcclError | None:
-    if not any(h in line for h in _FATAL_HINTS):
+    if not _FATAL_HINT.search(line):
         return None
     for kind, pattern in _FATAL:
         if m := pattern.search(line):
@@ -479,6 +481,8 @@ def parse_nccl(text: str) -> NcclResult:
                     close()  # a second table without a new header: a new run
                 current.columns = _columns(tokens)
                 recognized = True
+            continue
+        if "NCCL INFO" in line:  # the bulk of a debug log; never a result or a failure
             continue
         first = line[0]
         if first.isdigit() and (current.columns is not None or current.n_threads is not None):
