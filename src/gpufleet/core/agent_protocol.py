@@ -186,6 +186,10 @@ RESULT_BODY_BUDGET = 900_000
 MAX_CLAIM = 32  # commands one poll may hand out
 MAX_HAVE = 64  # ids one poll may list in ``have``
 COMMAND_WAIT_MAX_S = 20.0  # the longest a poll is held open by the server
+# Not taken within 10 min: the node's agent is down or gone; whoever queued it should
+# know, rather than have it start an hour later on a node in another state.
+DEFAULT_EXPIRES_IN_S = 600.0
+MAX_EXPIRES_IN_S = 7 * 86_400.0
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 _BOOT_ID = r"^[A-Za-z0-9._:-]{1,64}$"
 

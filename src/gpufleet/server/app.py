@@ -23,12 +23,14 @@ from gpufleet.server.limits import BodySizeLimit
 from gpufleet.server.routers import (
     accounting,
     agent,
+    agent_commands,
     auth,
     clusters,
     events,
     faults,
     findings,
     health,
+    node_commands,
     nodes,
     probes,
     projects,
@@ -42,6 +44,7 @@ from gpufleet.server.web.router import install_console
 from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
 from gpufleet.server.workers.health import HealthLoop
+from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
 from gpufleet.server.workers.repair_executor import RepairExecutor
 from gpufleet.server.workers.repair_planner import RepairPlanner
@@ -140,6 +143,8 @@ def create_app(
         accounting,
         health,
         agent,
+        agent_commands,
+        node_commands,
     ):
         api.include_router(module.router)
     app.include_router(probes.router)
@@ -206,6 +211,7 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             failpoints=Failpoints.parse(ctx.settings.failpoints),
             staleness_s=ctx.settings.staleness_s,
         ),
+        CommandExpiryLoop(deps, interval_s=max(ctx.settings.reconcile_interval_s, 5.0)),
     ]
 
 

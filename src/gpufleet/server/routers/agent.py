@@ -21,6 +21,7 @@ from gpufleet.server.deps import CtxDep, bearer_token
 from gpufleet.server.services.agent_events import apply_event_batch
 from gpufleet.server.services.agent_findings import apply_finding_batch
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, hash_token
+from gpufleet.server.services.command_signals import signals_for
 
 router = APIRouter(prefix="/agent", tags=["agent"])
 
@@ -62,6 +63,10 @@ async def post_reports(token_hash: NodeTokenHash, request: Request, ctx: CtxDep)
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
         ) from None
     ack = await ctx.ingest.submit(token_hash=token_hash, batch=batch)
+    # A set lookup (the store is read at most once a second per replica): agents that do
+    # not hold a command poll open learn here that commands wait for them.
+    if await signals_for(ctx.db, clock=ctx.clock).has_waiting(ack.node_id):
+        ack = ack.model_copy(update={"commands_waiting": True})
     return Response(content=ack.model_dump_json(), media_type="application/json")
 
 
