@@ -170,6 +170,11 @@ def test_footer_flags() -> None:
     assert parse_nccl(ok).passed
 
 
+def test_a_footer_without_rows_is_not_a_finished_run() -> None:
+    result = parse_nccl("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 448.212\n")
+    assert not result.runs[0].finished and not result.passed
+
+
 def test_old_error_column_is_a_deviation_not_a_count() -> None:
     # nccl-tests < 2.10: "error" column with a max deviation (real shape: NVIDIA/nccl#1244).
     text = (

@@ -41,11 +41,13 @@ def read(name: str) -> str:
 
 # Real captures, each with the offset of its last essential line: cut before that line
 # and the run did not finish. (Cut inside that very line, e.g. in the middle of the
-# "Avg bus bandwidth" figure, and no parser can tell; the run's exit code can.)
+# "Avg bus bandwidth" figure, and no parser can tell; the run's exit code can. For the
+# two-run file the line is the first run's footer: a file cut cleanly after a complete
+# run reads as a one-run file; cuts inside the second run are tested below.)
 REAL = {
     "nccl-allreduce-h100-8gpu-reference.txt": (CheckKind.NCCL, "# Avg bus bandwidth"),
     "nccl-allreduce-a100-8gpu-mpirun.txt": (CheckKind.NCCL, "# Avg bus bandwidth"),
-    "nccl-h100-2node-alltoall-sendrecv.txt": (CheckKind.NCCL, "# Avg bus bandwidth    : 28.6299"),
+    "nccl-h100-2node-alltoall-sendrecv.txt": (CheckKind.NCCL, "# Avg bus bandwidth    : 72.4265"),
     "ib-write-bw-mbsec-all-sizes-numa-bound.txt": (CheckKind.IB_WRITE_BW, "LAST_DASHES"),
     "ib-write-bw-roce100g-gbits-dc-client.txt": (CheckKind.IB_WRITE_BW, "LAST_DASHES"),
     "gpu-burn-rtx-a400-ok.txt": (CheckKind.GPU_BURN, "GPU 0: OK"),
@@ -53,6 +55,15 @@ REAL = {
     "dcgm3-r3-1gpu-virtualclient.json": (CheckKind.DCGM_DIAG, "LAST_BRACE"),
     "dcgm3-r1-8gpu-from-dcgm-test.txt": (CheckKind.DCGM_DIAG, "LAST_BRACE"),
 }
+
+
+def test_a_second_run_cut_short_fails_the_file() -> None:
+    text = read("nccl-h100-2node-alltoall-sendrecv.txt")
+    line = "# Collective test starting: sendrecv_perf\n"
+    start = text.index(line) + len(line)  # the second run has announced itself
+    end = text.index("# Avg bus bandwidth    : 28.6299")
+    for cut in range(start, end, 5):
+        assert not check_output(CheckKind.NCCL, text[:cut]).passed, cut
 
 
 def essential_offset(text: str, marker: str) -> int:

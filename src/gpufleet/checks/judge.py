@@ -136,7 +136,9 @@ def _nccl_errors(j: Judgement, errors: tuple[NcclError, ...], *, run_failed: boo
 
 
 def _nccl_run_checks(j: Judgement, run: NcclRun, label: str) -> None:
-    if run.avg_busbw is not None and not run.finished:
+    if run.avg_busbw is not None and not run.rows:
+        j.add(FAIL, ReasonCode.DID_NOT_FINISH, f"{label}: a footer but no result row")
+    elif run.avg_busbw is not None and not run.finished:
         j.add(
             FAIL,
             ReasonCode.DID_NOT_FINISH,

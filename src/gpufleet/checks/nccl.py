@@ -151,13 +151,14 @@ class NcclRun:
 
     @property
     def finished(self) -> bool:
-        """The footer was printed, and the closing line too when the run was announced.
+        """Rows and the footer were printed, and the closing line too when the run was
+        announced.
 
         nccl-tests 2.18+ prints ``# Collective test concluded`` right after the footer of
         a run it announced with ``# Collective test starting``; without it, the output
         was cut after the footer (a later run in the same file would be missing unseen).
         """
-        return self.avg_busbw is not None and (self.concluded or not self.named)
+        return self.avg_busbw is not None and bool(self.rows) and (self.concluded or not self.named)
 
     @property
     def gpus(self) -> int | None:
@@ -268,8 +269,9 @@ class _RunBuilder:
     bitwise_mismatches: int | None = None
 
     def started(self) -> bool:
+        """Anything of a run seen; an announced run counts even if nothing followed."""
         return bool(
-            self.n_threads is not None or self.ranks or self.rows or self.columns
+            self.named or self.n_threads is not None or self.ranks or self.rows or self.columns
             or self.avg_busbw is not None or self.out_of_bounds is not None
         )  # fmt: skip
 

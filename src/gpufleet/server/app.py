@@ -48,6 +48,7 @@ from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
 from gpufleet.server.workers.repair_executor import RepairExecutor
 from gpufleet.server.workers.repair_planner import RepairPlanner
+from gpufleet.server.workers.telemetry import TelemetryPruneLoop
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,12 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             staleness_s=ctx.settings.staleness_s,
         ),
         CommandExpiryLoop(deps, interval_s=max(ctx.settings.reconcile_interval_s, 5.0)),
+        TelemetryPruneLoop(
+            deps,
+            interval_s=60.0,  # retention is hours: a pass a minute keeps each delete small
+            node_keep_s=ctx.settings.telemetry_history_s,
+            cluster_keep_s=ctx.settings.cluster_telemetry_history_s,
+        ),
     ]
 
 

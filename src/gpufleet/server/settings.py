@@ -135,6 +135,23 @@ class ServerSettings(BaseSettings):
             "(sacct); 30 s keeps usage fresh without loading slurmdbd."
         ),
     )
+    telemetry_history_s: float = Field(
+        default=6 * 3600.0,
+        gt=0,
+        description=(
+            "How long each node's per-minute GPU telemetry is kept for the console's "
+            "charts, seconds (6 h: a training run's recent past; one ~250-byte row per node "
+            "per minute, ~190 MB for 2,048 nodes)."
+        ),
+    )
+    cluster_telemetry_history_s: float = Field(
+        default=14 * 86400.0,
+        gt=0,
+        description=(
+            "How long each cluster's per-minute GPU telemetry (sums over its nodes) is "
+            "kept, seconds (14 days: two weeks of trends at ~20,000 small rows a cluster)."
+        ),
+    )
     failpoints: str = Field(
         default="",
         description="Tests only: comma-separated failpoint names where the server exits.",
