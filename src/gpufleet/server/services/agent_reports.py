@@ -22,6 +22,11 @@ from gpufleet.core.errors import Conflict, GpufleetError, Unauthorized
 from gpufleet.core.health import node_health
 from gpufleet.core.ids import new_id
 from gpufleet.server.db.tables import ClusterRow, EventRow, FindingRow, GpuRow, NodeRow
+from gpufleet.server.services.telemetry_history import (
+    NodeSample,
+    first_report_of_minute,
+    write_history,
+)
 
 # Removed nodes must not come back to life by reporting.
 _REJECT_STATES = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
@@ -112,6 +117,7 @@ async def apply_report_batches(
     gpu_updates: dict[str, dict[str, Any]] = {}
     gpu_inserts: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
+    history: dict[str, NodeSample] = {}  # node id → its minute of telemetry history
     for item in items:
         found = by_hash.get(item.token_hash)
         if found is None:
@@ -134,6 +140,13 @@ async def apply_report_batches(
                 events=events,
             )
             w.last_seq = latest.seq
+            if first_report_of_minute(last_report_at=w.node.last_report_at, now=now):
+                history[w.node.id] = NodeSample.from_report(
+                    node_id=w.node.id,
+                    cluster_id=w.node.cluster_id,
+                    expected_gpus=w.node.expected_gpus,
+                    gpus=latest.gpus,
+                )
             health = node_health(
                 last_report_at=now,
                 now=now,
@@ -176,6 +189,7 @@ async def apply_report_batches(
     await _write(
         session, work=work, gpu_updates=gpu_updates, gpu_inserts=gpu_inserts, events=events
     )
+    await write_history(session, samples=[history[k] for k in sorted(history)], now=now)
     return results
 
 
