@@ -106,3 +106,91 @@ class SupportsRequeue(Protocol):
         job is requeued.
         """
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchJobSpec:
+    """A batch job for ``SupportsJobs.submit_job``: ``script`` is a file the scheduler's
+    nodes can read; its output goes to ``output`` (a path they can write)."""
+
+    name: str
+    script: str
+    nodes: tuple[str, ...]
+    output: str
+    time_limit_s: float
+    reservation: str | None = None
+    exclusive: bool = True  # the whole nodes; False shares them with running jobs
+    gpus_per_node: int | None = None
+    workdir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchJobState:
+    job_id: str
+    name: str
+    state: str  # the scheduler's word: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, ...
+    ended: bool
+    exit_code: int | None = None  # 128 + signal for a job killed by one
+    reason: str | None = None  # why it waits or ended (Slurm's Reason)
+
+
+@runtime_checkable
+class SupportsJobs(Protocol):
+    async def submit_job(self, spec: BatchJobSpec) -> str:
+        """Submit a batch job; returns its id. Raises ``DriverError`` with the
+        scheduler's refusal (unknown reservation, nodes not in it, ...). Touches no
+        running job."""
+        ...
+
+    async def job_state(self, job_id: str) -> BatchJobState:
+        """A job's state, from the queue while it is there and from accounting after.
+        Raises ``DriverError`` for a job the scheduler has no record of."""
+        ...
+
+    async def find_jobs(self, name: str) -> list[BatchJobState]:
+        """Jobs named ``name`` still queued or running (to find one submitted before a
+        crash instead of submitting it twice)."""
+        ...
+
+    async def cancel_job(self, job_id: str) -> None:
+        """Cancel the job (its processes get SIGTERM, then SIGKILL). An ended or unknown
+        job is no error."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationInfo:
+    name: str
+    nodes: tuple[str, ...]
+    state: str  # ACTIVE, INACTIVE
+    flags: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    end_time: dt.datetime | None = None
+
+
+@runtime_checkable
+class SupportsReservations(Protocol):
+    async def create_reservation(
+        self,
+        name: str,
+        *,
+        nodes: tuple[str, ...],
+        duration_s: float,
+        users: tuple[str, ...],
+        ignore_jobs: bool = False,
+    ) -> None:
+        """Reserve ``nodes`` from now for ``duration_s`` for ``users``' jobs only, as
+        maintenance. New jobs of anyone else do not start there; running jobs are never
+        touched. Without ``ignore_jobs`` it refuses (``DriverError``) when a job runs on
+        any of the nodes; with it, the reservation is made anyway and the users' jobs wait
+        for or share the nodes."""
+        ...
+
+    async def delete_reservation(self, name: str) -> None:
+        """Remove it; a reservation that does not exist is no error. Jobs running in it
+        run on."""
+        ...
+
+    async def list_reservations(self) -> list[ReservationInfo]:
+        """Every reservation the scheduler holds."""
+        ...

@@ -135,6 +135,48 @@ class ServerSettings(BaseSettings):
             "(sacct); 30 s keeps usage fresh without loading slurmdbd."
         ),
     )
+    # -- active check runs (docs/checks.md) ---------------------------------------------
+    check_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Seconds between passes of the check runner (2 s: a check starts, and its "
+            "result lands, within seconds of being asked for or of finishing)."
+        ),
+    )
+    checks_output_dir: Path | None = Field(
+        default=None,
+        description=(
+            "Where Slurm check jobs write their outputs and this server reads them: a "
+            "directory the compute nodes write and the server reads (shared storage in "
+            "production). Unset: data_dir/check-output (fine when both share a host)."
+        ),
+    )
+    checks_slurm_user: str | None = Field(
+        default=None,
+        description=(
+            "The Unix user check jobs run as (the reservation is for them). Unset: the "
+            "user this server runs as."
+        ),
+    )
+    checks_fabric: str | None = Field(
+        default=None,
+        description=(
+            "The fabric ib_write_bw and multi-node NCCL figures are judged against (NDR, "
+            "HDR, EDR) when neither the run nor its cluster (label `fabric`) names one. "
+            "Unset: those figures are not judged (sim clusters model NDR)."
+        ),
+    )
+    checks_stand_in: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description=(
+            "TESTS AND LABS ONLY: run this program instead of a check's tool, e.g. "
+            '{"nccl": ["cat", "/srv/recorded/all_reduce.txt"]} (key: the check kind, or '
+            '"<cluster id>/<kind>" for one cluster), so a machine without GPUs exercises '
+            "the job, output path and parser. Results say stand_in: true. Never set in "
+            "production; empty by default."
+        ),
+    )
     telemetry_history_s: float = Field(
         default=6 * 3600.0,
         gt=0,

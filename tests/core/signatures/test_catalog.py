@@ -17,7 +17,7 @@ from gpufleet.core.signatures.catalog import (
     get_signature_for_xid,
     load_catalog,
 )
-from gpufleet.core.signatures.models import KernelLogRule, MetricRule, StateRule
+from gpufleet.core.signatures.models import CheckRule, KernelLogRule, MetricRule, StateRule
 
 REFERENCE = Path(__file__).parents[4] / "shared" / "reference" / "failure-signatures.md"
 if not REFERENCE.exists():  # the shared checkout sits next to the repo, or at /work/shared
@@ -172,6 +172,8 @@ def test_rules_fit_their_source() -> None:
             assert isinstance(sig.match, KernelLogRule)
         elif sig.source in (FindingSource.SCHEDULER, FindingSource.AGENT):
             assert isinstance(sig.match, StateRule)
+        elif sig.source is FindingSource.ACTIVE_CHECK:
+            assert isinstance(sig.match, CheckRule)
         else:
             assert isinstance(sig.match, MetricRule | StateRule)
 

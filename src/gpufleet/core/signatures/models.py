@@ -186,7 +186,19 @@ class StateRule(_Frozen):
         return self
 
 
-Rule = Annotated[KernelLogRule | MetricRule | StateRule, Field(discriminator="kind")]
+class CheckRule(_Frozen):
+    """A failed active check the server judged (``checks/aggregate.py``): ``check`` is the
+    check kind, ``codes`` the verdict reason codes (``checks.models.ReasonCode``) that
+    raise this entry; an entry with no codes takes the failures no other entry of the
+    same check claims. Only the server raises these, never the agent."""
+
+    kind: Literal["check"] = "check"
+    check: Literal["dcgm-diag", "nccl", "ib-write-bw", "gpu-burn"]
+    codes: tuple[str, ...] = ()
+    scope: Literal["gpu", "node"] = "node"
+
+
+Rule = Annotated[KernelLogRule | MetricRule | StateRule | CheckRule, Field(discriminator="kind")]
 
 
 class Escalation(_Frozen):
@@ -274,6 +286,8 @@ class Signature(_Frozen):
         kernel = isinstance(self.match, KernelLogRule)
         if kernel != (self.source is FindingSource.KERNEL_LOG):
             raise ValueError("source 'kernel-log' goes with a kernel-log rule, and only it")
+        if isinstance(self.match, CheckRule) != (self.source is FindingSource.ACTIVE_CHECK):
+            raise ValueError("source 'active-check' goes with a check rule, and only it")
         if isinstance(self.match, MetricRule) and self.source not in (
             FindingSource.NVML,
             FindingSource.DCGM,

@@ -27,7 +27,14 @@ from urllib.parse import quote
 
 from gpufleet.core.clock import as_utc
 from gpufleet.core.errors import DriverError
-from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SchedJob, SchedNode
+from gpufleet.schedulers.base import (
+    DRAIN_REASON_PREFIX,
+    BatchJobSpec,
+    BatchJobState,
+    ReservationInfo,
+    SchedJob,
+    SchedNode,
+)
 from gpufleet.schedulers.slurm.client import CommandResult, SlurmCli, describe_failure
 from gpufleet.schedulers.slurm.config import SlurmConfig
 from gpufleet.schedulers.slurm.parsing import (
@@ -36,6 +43,7 @@ from gpufleet.schedulers.slurm.parsing import (
     SlurmNodeInfo,
     SlurmReportedError,
     parse_jobs_json,
+    parse_key_values,
     parse_nodes_json,
     parse_sacct,
     parse_scontrol_jobs,
@@ -43,7 +51,15 @@ from gpufleet.schedulers.slurm.parsing import (
     pending_gpu_demand,
 )
 from gpufleet.schedulers.slurm.rest import RestAnswer, SlurmRest
-from gpufleet.schedulers.slurm.values import SlurmVersion, format_time, parse_version
+from gpufleet.schedulers.slurm.values import (
+    SlurmVersion,
+    expand_hostlist,
+    format_time,
+    is_empty,
+    parse_exit_code,
+    parse_time,
+    parse_version,
+)
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -63,13 +79,32 @@ ENDED_STATES = (
     "REQUEUED",
     "TIMEOUT",
 )
+# A batch job in one of these has not ended yet.
+_LIVE_JOB_STATES = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "RESIZING",
+        "STOPPED",
+        "SIGNALING",
+        "STAGE_OUT",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESV_DEL_HOLD",
+    }
+)
 # Job states ``scontrol requeue`` acts on (a COMPLETING job is already ending).
 _REQUEUEABLE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED"})
 
 
 class SlurmScheduler:
     """A Slurm cluster, through its CLI (and slurmrestd for reads, when configured).
-    Implements Scheduler, SupportsDrain, SupportsDown and SupportsRequeue.
+    Implements Scheduler, SupportsDrain, SupportsDown, SupportsRequeue, SupportsJobs and
+    SupportsReservations.
 
     Every method raises ``DriverError`` naming the node, the command (or the slurmrestd
     request) and its stderr (or error body) when a call fails, times out, or answers a
@@ -241,6 +276,160 @@ class SlurmScheduler:
         ids = [job.job_id for job in jobs]
         await self._cli.run("scontrol", "requeue", ",".join(ids), node=node)
         return ids
+
+    # ------------------------------------------------------------ jobs (active checks)
+
+    async def submit_job(self, spec: BatchJobSpec) -> str:
+        """``sbatch --parsable`` the script on exactly ``spec.nodes`` (in its reservation).
+        Returns the job id."""
+        minutes = max(1, -(-int(spec.time_limit_s) // 60))
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={spec.name}",
+            f"--nodes={len(spec.nodes)}",
+            f"--nodelist={','.join(spec.nodes)}",
+            f"--output={spec.output}",
+            f"--time={minutes}",
+        ]
+        if spec.reservation:
+            argv.append(f"--reservation={spec.reservation}")
+        if spec.exclusive:
+            argv.append("--exclusive")
+        if spec.gpus_per_node:
+            argv.append(f"--gpus-per-node={spec.gpus_per_node}")
+        if spec.workdir:
+            argv.append(f"--chdir={spec.workdir}")
+        result = await self._cli.run(*argv, spec.script)
+        job_id = result.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise DriverError(
+                f"slurm: `{result.command}` printed no job id: {result.stdout.strip()[:200]!r}"
+            )
+        return job_id
+
+    async def job_state(self, job_id: str) -> BatchJobState:
+        """From ``scontrol show job`` while Slurm holds the job (MinJobAge after it
+        ends), from ``sacct`` after that."""
+        result = await self._cli.run("scontrol", "--oneliner", "show", "job", job_id, check=False)
+        if result.returncode == 0 and result.stdout.strip():
+            kv = parse_key_values(result.stdout.strip().splitlines()[0])
+            state = kv.get("JobState", "UNKNOWN").upper()
+            exit_code, _signal = parse_exit_code(kv.get("ExitCode", ""))
+            reason = kv.get("Reason")
+            return BatchJobState(
+                job_id=job_id,
+                name=kv.get("JobName", ""),
+                state=state,
+                ended=state not in _LIVE_JOB_STATES,
+                exit_code=exit_code,
+                reason=None if is_empty(reason) else reason,
+            )
+        if "Invalid job id" not in result.stderr + result.stdout:
+            raise DriverError(describe_failure(result, node=None))
+        acct = await self._cli.run(
+            "sacct",
+            "-j",
+            job_id,
+            "-X",
+            "--parsable2",
+            "--noheader",
+            "--format=JobID,JobName,State,ExitCode",
+        )
+        for line in acct.stdout.splitlines():
+            fields = line.split("|")
+            if len(fields) == 4 and fields[0] == job_id:
+                state = (fields[2].split() or ["UNKNOWN"])[0].upper()
+                exit_code, _signal = parse_exit_code(fields[3])
+                return BatchJobState(
+                    job_id=job_id,
+                    name=fields[1],
+                    state=state,
+                    ended=state not in _LIVE_JOB_STATES,
+                    exit_code=exit_code,
+                )
+        raise DriverError(f"slurm: job {job_id}: neither scontrol nor sacct knows it")
+
+    async def find_jobs(self, name: str) -> list[BatchJobState]:
+        result = await self._cli.run(
+            "squeue", "--noheader", f"--name={name}", "--format=%i|%j|%T|%r"
+        )
+        jobs = []
+        for line in result.stdout.splitlines():
+            fields = line.strip().split("|")
+            if len(fields) == 4 and fields[1] == name:
+                state = fields[2].upper()
+                jobs.append(
+                    BatchJobState(
+                        job_id=fields[0],
+                        name=fields[1],
+                        state=state,
+                        ended=state not in _LIVE_JOB_STATES,
+                        reason=None if is_empty(fields[3]) else fields[3],
+                    )
+                )
+        return jobs
+
+    async def cancel_job(self, job_id: str) -> None:
+        result = await self._cli.run("scancel", job_id, check=False)
+        if result.returncode != 0 and "Invalid job id" not in result.stderr:
+            raise DriverError(describe_failure(result, node=None))
+
+    # ---------------------------------------------------------------- reservations
+
+    async def create_reservation(
+        self,
+        name: str,
+        *,
+        nodes: tuple[str, ...],
+        duration_s: float,
+        users: tuple[str, ...],
+        ignore_jobs: bool = False,
+    ) -> None:
+        """``scontrol create reservation`` from now, ``Flags=MAINT`` (maintenance: the
+        time is accounted as such, and no job but the users' starts on the nodes).
+        Without ``ignore_jobs`` Slurm refuses nodes a job runs on ("Requested nodes are
+        busy"): that refusal is how a job that started since the idle check is never
+        disturbed."""
+        if not nodes or not users:
+            raise DriverError(f"slurm: reservation {name}: needs nodes and users")
+        minutes = max(1, -(-int(duration_s) // 60))
+        flags = "MAINT,IGNORE_JOBS" if ignore_jobs else "MAINT"
+        await self._cli.run(
+            "scontrol",
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            f"Nodes={','.join(nodes)}",
+            "StartTime=now",
+            f"Duration={minutes}",
+            f"Users={','.join(users)}",
+            f"Flags={flags}",
+        )
+
+    async def delete_reservation(self, name: str) -> None:
+        result = await self._cli.run("scontrol", "delete", f"ReservationName={name}", check=False)
+        if result.returncode != 0 and "reservation is invalid" not in result.stderr:
+            raise DriverError(describe_failure(result, node=None))
+
+    async def list_reservations(self) -> list[ReservationInfo]:
+        result = await self._cli.run("scontrol", "--oneliner", "show", "reservation")
+        out: list[ReservationInfo] = []
+        for line in result.stdout.splitlines():
+            if not line.startswith("ReservationName="):
+                continue  # "No reservations in the system"
+            kv = parse_key_values(line)
+            out.append(
+                ReservationInfo(
+                    name=kv["ReservationName"],
+                    nodes=expand_hostlist(kv.get("Nodes")),
+                    state=kv.get("State", "").upper(),
+                    flags=tuple(f for f in kv.get("Flags", "").split(",") if f),
+                    users=tuple(u for u in kv.get("Users", "").split(",") if not is_empty(u)),
+                    end_time=parse_time(kv.get("EndTime")),
+                )
+            )
+        return out
 
     # ---------------------------------------------------------------------- helpers
 
