@@ -134,14 +134,14 @@ async def load_health_grid(
             )
         )
     order = hashlib.blake2b("\n".join(n.id for n in nodes).encode(), digest_size=8).hexdigest()
-    state = hashlib.blake2b(order.encode(), digest_size=12)
+    digest = hashlib.blake2b(order.encode(), digest_size=12)
     for node in nodes:
-        state.update(node.signature().encode())
+        digest.update(node.signature().encode())
     return HealthGrid(
         cluster_id=cluster.id,
         gpus_per_node=cluster.gpus_per_node,
         nodes=tuple(nodes),
-        etag=state.hexdigest(),
+        etag=digest.hexdigest(),
         order=order,
     )
 

@@ -19,13 +19,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, case, delete, select
+from sqlalchemy import Table, case, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import GpuSample
-from gpufleet.server.db.tables import ClusterTelemetryRow, NodeTelemetryRow
+from gpufleet.core.enums import NodeState
+from gpufleet.server.db.tables import (
+    ClusterTelemetryRow,
+    GpuRow,
+    NodeRow,
+    NodeTelemetryRow,
+)
 
 HISTORY_WINDOWS: dict[str, dt.timedelta] = {
     "1h": dt.timedelta(hours=1),
@@ -231,3 +237,50 @@ async def prune_history(
         )
     )
     return int(getattr(nodes, "rowcount", 0) or 0), int(getattr(clusters, "rowcount", 0) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeNow:
+    """A node's latest GPU samples, summed up."""
+
+    node_id: str
+    name: str
+    gpus: int
+    util_avg: float | None
+    mem_used_mib: float
+    mem_total_mib: float
+    power_w: float
+    temp_max: float | None
+
+
+async def nodes_now(session: AsyncSession, *, cluster_id: str) -> list[NodeNow]:
+    """Every live node of the cluster with its GPUs' latest samples (one grouped query)."""
+    rows = await session.execute(
+        select(
+            NodeRow.id,
+            NodeRow.name,
+            func.count(GpuRow.id),
+            func.avg(GpuRow.utilization_pct),
+            func.coalesce(func.sum(GpuRow.memory_used_mib), 0.0),
+            func.coalesce(func.sum(GpuRow.memory_total_mib), 0.0),
+            func.coalesce(func.sum(GpuRow.power_w), 0.0),
+            func.max(GpuRow.temperature_c),
+        )
+        .join(GpuRow, (GpuRow.node_id == NodeRow.id) & GpuRow.removed_at.is_(None))
+        .where(NodeRow.cluster_id == cluster_id, NodeRow.state != NodeState.REMOVED.value)
+        .group_by(NodeRow.id, NodeRow.name)
+        .order_by(NodeRow.id)
+    )
+    return [
+        NodeNow(
+            node_id=node_id,
+            name=name,
+            gpus=int(n),
+            util_avg=None if util is None else float(util),
+            mem_used_mib=float(used),
+            mem_total_mib=float(total),
+            power_w=float(power),
+            temp_max=None if temp is None else float(temp),
+        )
+        for node_id, name, n, util, used, total, power, temp in rows
+    ]

@@ -14,6 +14,7 @@ people watch, a cluster's grid is read about once a second: grids are cached for
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 import gpufleet.server.services.events as events_services
 from gpufleet.core.enums import EventKind, RepairStatus
@@ -28,11 +30,12 @@ from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Event
 from gpufleet.server.context import AppContext
-from gpufleet.server.db.tables import ClusterRow, RepairRow
+from gpufleet.server.db.tables import ClusterRow, FindingRow, GpuRow, NodeRow, RepairRow
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import error_body, status_for
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.health_grid import HealthGrid, load_health_grid
+from gpufleet.server.services.nodes import get_node_row_or_error
 from gpufleet.server.web.grid import attention, gpu_problems, grid_changes, render_grid
 from gpufleet.server.web.session import LoginRequired, web_user
 from gpufleet.server.web.templating import render_text
@@ -120,17 +123,53 @@ def events_html(events: list[Event], *, base: str) -> list[str]:
     return [render_text("_event.html", {"e": e, "base": base}) for e in events]
 
 
-async def pending_repairs(ctx: AppContext, cluster_id: str) -> int:
-    async with ctx.db.session() as session:
-        n = await session.scalar(
-            select(func.count())
-            .select_from(RepairRow)
-            .where(
-                RepairRow.cluster_id == cluster_id,
-                RepairRow.status == RepairStatus.PROPOSED.value,
+async def repair_counts(session: AsyncSession, cluster_id: str) -> tuple[int, str]:
+    """(repairs waiting for approval, a version that changes whenever any repair of the
+    cluster changes: every status change and progress note bumps ``updated_at``)."""
+    pending = await session.scalar(
+        select(func.count())
+        .select_from(RepairRow)
+        .where(RepairRow.cluster_id == cluster_id, RepairRow.status == RepairStatus.PROPOSED.value)
+    )
+    total, latest = (
+        await session.execute(
+            select(func.count(), func.max(RepairRow.updated_at)).where(
+                RepairRow.cluster_id == cluster_id
             )
         )
-    return int(n or 0)
+    ).one()
+    return int(pending or 0), f"{total}:{latest.isoformat() if latest else ''}"
+
+
+async def node_version(session: AsyncSession, node_id: str) -> str:
+    """Changes when what a node's page shows (state, health, GPU health, open findings,
+    repairs) changes; not on every report."""
+    node = (
+        await session.execute(
+            select(NodeRow.state, NodeRow.health, NodeRow.updated_at).where(NodeRow.id == node_id)
+        )
+    ).one_or_none()
+    gpus = (
+        await session.execute(
+            select(GpuRow.index, GpuRow.health).where(
+                GpuRow.node_id == node_id, GpuRow.removed_at.is_(None)
+            )
+        )
+    ).all()
+    findings = (
+        await session.execute(
+            select(func.count(), func.max(FindingRow.last_seen)).where(
+                FindingRow.node_id == node_id, FindingRow.cleared_at.is_(None)
+            )
+        )
+    ).one()
+    repairs = (
+        await session.execute(
+            select(func.count(), func.max(RepairRow.updated_at)).where(RepairRow.node_id == node_id)
+        )
+    ).one()
+    parts = [repr(node), repr(sorted(gpus)), repr(tuple(findings)), repr(tuple(repairs))]
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
 
 @router.get("/clusters/{cluster_id}/live")
@@ -164,16 +203,24 @@ async def live(
                     node_id=node or None, kinds=kind, limit=EVENTS_PER_POLL,
                 )  # fmt: skip
                 events = [e for e in page.items if e.id > after]
+            pending, repairs_version = await repair_counts(session, cluster.id)
+            versions = {"repairs": repairs_version}
+            if node:
+                _row, node_cluster = await get_node_row_or_error(
+                    session, caller=user.caller, node_id=node
+                )
+                if node_cluster.id != cluster.id:
+                    raise InvalidInput("that node is not in this cluster", field="node")
+                versions["node"] = await node_version(session, node)
         cache = grid_cache(request)
         # Pages without the grid (the Events tab) send no etag and cost no grid read.
         current = await cache.get(ctx, cluster) if grid else None
-        pending = await pending_repairs(ctx, cluster.id)
     except GpufleetError as exc:
         return JSONResponse(
             error_body(exc.code, exc.message, exc.field), status_code=status_for(exc)
         )
     base = f"/clusters/{cluster.id}"
-    body: dict[str, Any] = {"pending_repairs": pending}
+    body: dict[str, Any] = {"pending_repairs": pending, "versions": versions}
     if current is not None:
         body.update(etag=current.etag, cells=current.counts(), nodes=current.node_counts())
         if grid != current.etag:

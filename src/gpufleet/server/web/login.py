@@ -110,9 +110,7 @@ async def login_with_token(request: Request, ctx: CtxDep) -> Response:
                 source_ip=client_ip(request),
             )
     except Unauthorized as exc:
-        return _login_page(
-            request, ctx, next_path=next_path, error=exc.message, status_code=401
-        )
+        return _login_page(request, ctx, next_path=next_path, error=exc.message, status_code=401)
     response = redirect(next_path)
     max_age = max(1, int((created.expires_at - ctx.clock.now()).total_seconds()))
     set_session_cookies(
@@ -126,9 +124,7 @@ async def login_with_token(request: Request, ctx: CtxDep) -> Response:
 async def logout(request: Request, ctx: CtxDep, user: WebUserDep) -> Response:
     await read_form(request, csrf=user.csrf)
     async with ctx.db.transaction() as session:
-        await session_services.revoke_web_session(
-            session, caller=user.caller, now=ctx.clock.now()
-        )
+        await session_services.revoke_web_session(session, caller=user.caller, now=ctx.clock.now())
     response = redirect("/login")
     clear_session_cookies(response, ctx)
     set_flash(response, text="You are logged out.")

@@ -9,12 +9,21 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from gpufleet.server.web import cluster, live, login, overview
+from gpufleet.server.web import (
+    cluster,
+    config,
+    live,
+    login,
+    nodes,
+    overview,
+    repairs,
+    utilization,
+)
 
 
 def console_router() -> APIRouter:
     router = APIRouter(include_in_schema=False)
-    for module in (login, overview, cluster, live):
+    for module in (login, overview, cluster, utilization, config, nodes, repairs, live):
         router.include_router(module.router)
     return router
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import hashlib
-import json
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -17,14 +16,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
-from markupsafe import Markup
 
 GZIP_MIN_BYTES = 2048
 GZIP_LEVEL = 5  # ~3× faster than 9 for a few % more bytes
 
 
 def ago(value: dt.datetime | None, now: dt.datetime | None = None) -> str:
-    """"12 s ago", "3 min ago", "5 h ago", "2 d ago"; "never" for None."""
+    """ "12 s ago", "3 min ago", "5 h ago", "2 d ago"; "never" for None."""
     if value is None:
         return "never"
     seconds = ((now or dt.datetime.now(dt.UTC)) - value).total_seconds()
@@ -63,12 +61,6 @@ def number(value: float | int | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def to_json(value: Any) -> Markup:
-    """JSON for a <script type="application/json"> block, safe against </script>."""
-    text = json.dumps(value, separators=(",", ":"), default=str)
-    return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
-
-
 @cache
 def static_version() -> str:
     """A hash of the static files, appended to their URLs so browsers never run stale JS."""
@@ -92,9 +84,7 @@ def environment() -> Environment:
         auto_reload=False,
         enable_async=False,
     )
-    env.filters.update(
-        ago=ago, ts=timestamp, iso=iso, words=words, number=number, tojson_safe=to_json
-    )
+    env.filters.update(ago=ago, ts=timestamp, iso=iso, words=words, number=number)
     env.globals.update(static_version=static_version)
     return env
 

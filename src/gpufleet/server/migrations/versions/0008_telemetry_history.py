@@ -27,7 +27,10 @@ def upgrade() -> None:
         sa.Column("mem_total_mib", sa.Integer(), nullable=False),
         sa.Column("gpus", sa.JSON(), nullable=False),
         sa.ForeignKeyConstraint(
-            ["node_id"], ["node.id"], name=op.f("fk_node_telemetry_node_id_node"), ondelete="CASCADE"
+            ["node_id"],
+            ["node.id"],
+            name=op.f("fk_node_telemetry_node_id_node"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("node_id", "minute", name=op.f("pk_node_telemetry")),
     )
@@ -59,7 +62,9 @@ def upgrade() -> None:
 
     with op.batch_alter_table("web_session", schema=None) as batch_op:
         batch_op.add_column(sa.Column("api_token_id", sa.String(length=36), nullable=True))
-        batch_op.create_index(batch_op.f("ix_web_session_api_token_id"), ["api_token_id"], unique=False)
+        batch_op.create_index(
+            batch_op.f("ix_web_session_api_token_id"), ["api_token_id"], unique=False
+        )
         batch_op.create_foreign_key(
             batch_op.f("fk_web_session_api_token_id_api_token"),
             "api_token",

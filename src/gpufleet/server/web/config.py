@@ -1,0 +1,81 @@
+"""The Configuration tab: the cluster's spec, startup scripts, acceptance tests (on, or
+opted out) and autoscaling bounds; admins change them through ``update_cluster``, the
+service behind ``PATCH /api/v1/clusters/{id}``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+import gpufleet.server.services.clusters as clusters_services
+from gpufleet.core.errors import InvalidInput
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import CtxDep
+from gpufleet.server.errors import describe_validation_errors
+from gpufleet.server.schemas.clusters import UpdateClusterRequest
+from gpufleet.server.services.auth import require
+from gpufleet.server.web.context import load_cluster_page
+from gpufleet.server.web.routing import HtmlRoute, redirect, render_page
+from gpufleet.server.web.session import WebUserDep, first, read_form, set_flash
+
+router = APIRouter(route_class=HtmlRoute, include_in_schema=False)
+
+
+def _bound(form: dict[str, list[str]], name: str) -> int | None:
+    text = first(form, name).strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInput(f"{name.replace('_', ' ')} must be a whole number", field=name) from None
+
+
+@router.get("/clusters/{cluster_id}/configuration")
+async def configuration_tab(
+    cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
+) -> Response:
+    async with ctx.db.session() as session:
+        page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
+        cluster = await clusters_services.get_cluster(
+            session, caller=user.caller, cluster_id=page.row.id,
+            staleness_s=ctx.settings.staleness_s, now=ctx.clock.now(),
+        )  # fmt: skip
+    return render_page(
+        request,
+        "tab_configuration.html",
+        page.context(user, "configuration", cluster=cluster, now=ctx.clock.now()),
+    )
+
+
+@router.post("/clusters/{cluster_id}/configuration")
+async def update_configuration(
+    cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
+) -> Response:
+    form = await read_form(request, csrf=user.csrf)
+    async with ctx.db.session() as session:
+        page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
+    back = f"/clusters/{page.cluster.id}/configuration"
+    request.state.form_next = back
+    require(user.caller, Permission.CLUSTER_CREATE, page.row.project_id)
+    # A checkbox sends nothing when unticked: a hidden "0" comes first, the box's "1" after.
+    acceptance = form.get("acceptance_tests", ["0"])[-1] == "1"
+    scripts = [s.replace("\r\n", "\n") for s in form.get("script", []) if s.strip()]
+    try:
+        body = UpdateClusterRequest(
+            acceptance_tests=acceptance,
+            startup_scripts=scripts,
+            autoscale_min=_bound(form, "autoscale_min"),
+            autoscale_max=_bound(form, "autoscale_max"),
+            reason=first(form, "reason").strip(),
+        )
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_errors(list(exc.errors()))[0]) from None
+    async with ctx.db.transaction() as session:
+        await clusters_services.update_cluster(
+            session, caller=user.caller, cluster_id=page.row.id, request=body,
+            staleness_s=ctx.settings.staleness_s, now=ctx.clock.now(),
+        )  # fmt: skip
+    response = redirect(back)
+    set_flash(response, text=f"Configuration of {page.cluster.name} saved.")
+    return response

@@ -1,0 +1,77 @@
+"""The Utilization tab: GPU utilization, memory, power and temperature over time for the
+cluster (per-minute sums, ``cluster_telemetry``), and each node now, busiest and idlest
+first; a node's own charts are on its page."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+
+from gpufleet.core.errors import InvalidInput
+from gpufleet.server.deps import CtxDep
+from gpufleet.server.services.telemetry_history import (
+    HISTORY_WINDOWS,
+    load_cluster_history,
+    nodes_now,
+)
+from gpufleet.server.web.charts import cluster_charts
+from gpufleet.server.web.context import load_cluster_page
+from gpufleet.server.web.routing import HtmlRoute, render_page
+from gpufleet.server.web.session import WebUserDep
+
+router = APIRouter(route_class=HtmlRoute, include_in_schema=False)
+
+RANKED = 10  # busiest and idlest nodes listed
+
+
+@router.get("/clusters/{cluster_id}/utilization")
+async def utilization_tab(
+    cluster_id: str,
+    request: Request,
+    ctx: CtxDep,
+    user: WebUserDep,
+    window: Annotated[str, Query(max_length=4)] = "1h",
+) -> Response:
+    if window not in HISTORY_WINDOWS:
+        raise InvalidInput(f"window must be one of {', '.join(HISTORY_WINDOWS)}", field="window")
+    now = ctx.clock.now()
+    span = HISTORY_WINDOWS[window]
+    async with ctx.db.session() as session:
+        page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
+        history = await load_cluster_history(
+            session, cluster_id=page.row.id, since=now - span, until=now
+        )
+        nodes = await nodes_now(session, cluster_id=page.row.id)
+    reporting = [n for n in nodes if n.util_avg is not None]
+    ranked = sorted(reporting, key=lambda n: n.util_avg or 0.0, reverse=True)
+    gpus = sum(n.gpus for n in reporting)
+    totals = {
+        "util": sum((n.util_avg or 0.0) * n.gpus for n in reporting) / gpus if gpus else None,
+        "mem": (
+            100.0 * sum(n.mem_used_mib for n in reporting) / sum(n.mem_total_mib for n in reporting)
+            if sum(n.mem_total_mib for n in reporting)
+            else None
+        ),
+        "power_kw": sum(n.power_w for n in reporting) / 1000.0,
+        "temp_max": max((n.temp_max for n in reporting if n.temp_max is not None), default=None),
+        "gpus": gpus,
+        "idle": sum(1 for n in reporting if (n.util_avg or 0.0) < 5.0),
+    }
+    return render_page(
+        request,
+        "tab_utilization.html",
+        page.context(
+            user,
+            "utilization",
+            charts=cluster_charts(history, now=now, window=span),
+            window=window,
+            windows=list(HISTORY_WINDOWS),
+            busiest=ranked[:RANKED],
+            idlest=list(reversed(ranked[-RANKED:])) if len(ranked) > RANKED else [],
+            totals=totals,
+            reporting=len(reporting),
+            retention_h=ctx.settings.telemetry_history_s / 3600,
+            cluster_retention_d=ctx.settings.cluster_telemetry_history_s / 86400,
+        ),
+    )
