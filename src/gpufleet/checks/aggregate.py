@@ -315,6 +315,8 @@ def _fold_multi(
         node_out[node_id]["reasons"].extend(reasons)
         judged.add(node_id)
         blames.extend(_blames_single(node_id, reasons))
+    if outcome != "fail":
+        judged.update(node_out)  # a ring that passed vouches for every node in it
 
 
 def _blames_single(node_id: str, reasons: Sequence[Mapping[str, Any]]) -> list[Blame]:

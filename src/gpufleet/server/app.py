@@ -25,6 +25,7 @@ from gpufleet.server.routers import (
     agent,
     agent_commands,
     auth,
+    checks,
     clusters,
     events,
     faults,
@@ -43,6 +44,7 @@ from gpufleet.server.sim_wiring import SimBundle, build_sim
 from gpufleet.server.web.router import install_console
 from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
+from gpufleet.server.workers.checks import CheckRunner, default_check_settings
 from gpufleet.server.workers.health import HealthLoop
 from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
@@ -141,6 +143,7 @@ def create_app(
         events,
         findings,
         repairs,
+        checks,
         accounting,
         health,
         agent,
@@ -213,6 +216,19 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             staleness_s=ctx.settings.staleness_s,
         ),
         CommandExpiryLoop(deps, interval_s=max(ctx.settings.reconcile_interval_s, 5.0)),
+        CheckRunner(
+            deps,
+            interval_s=ctx.settings.check_interval_s,
+            drivers=ctx.drivers,
+            settings=default_check_settings(
+                data_dir=ctx.settings.data_dir,
+                output_dir=ctx.settings.checks_output_dir,
+                slurm_user=ctx.settings.checks_slurm_user,
+                fabric=ctx.settings.checks_fabric,
+                stand_ins=ctx.settings.checks_stand_in,
+                staleness_s=ctx.settings.staleness_s,
+            ),
+        ),
         TelemetryPruneLoop(
             deps,
             interval_s=60.0,  # retention is hours: a pass a minute keeps each delete small

@@ -355,25 +355,31 @@ async def list_check_runs(
 async def cancel_check_run(
     session: AsyncSession, *, caller: Caller, run_id: str, now: dt.datetime
 ) -> CheckRun:
-    """Cancel a pending or running run. A running one's commands are stopped (and its
-    Slurm job and reservation removed) by the check runner's next pass."""
+    """Cancel a run. A pending one ends at once; a running one is marked, and the check
+    runner's next pass stops its commands (removes its Slurm job and reservation) and
+    ends it as cancelled. An ended run is left as it is."""
     row, cluster = await get_check_run_row_or_error(session, caller=caller, run_id=run_id)
     require(caller, Permission.CHECK_RUN, cluster.project_id)
     locked = await session.get(CheckRunRow, row.id, with_for_update=True, populate_existing=True)
     assert locked is not None
     was = CheckStatus(locked.status)
-    if was not in ENDED:
+    if was is CheckStatus.PENDING and "localiser" not in (locked.progress or {}):
         switch_check_status(
             session,
             run=locked,
             project_id=cluster.project_id,
             target=CheckStatus.CANCELLED,
             actor=caller.actor,
-            reason="cancelled",
+            reason=f"cancelled by {caller.actor} before it started",
             now=now,
         )
-        if was is CheckStatus.RUNNING:
-            locked.progress = {**(locked.progress or {}), "cleanup": True}
+    elif was not in ENDED:
+        # Its commands (or Slurm job, or probe runs) are stopped by the runner's next
+        # pass, which then ends the run as cancelled.
+        locked.progress = {**(locked.progress or {}), "cancel": f"cancelled by {caller.actor}"}
+        locked.detail = f"cancelling (asked by {caller.actor})"
+        locked.updated_at = now
+    if was not in ENDED:
         record_audit(
             session,
             actor=caller.actor,
