@@ -74,7 +74,16 @@ async def create_cluster(
     gpus_per_node: int = 8,
     **extra: Any,
 ) -> dict[str, Any]:
-    body = {"project": project, "name": name, "size": size, "gpus_per_node": gpus_per_node}
+    """A cluster as the API makes it. Acceptance tests are off unless ``extra`` turns them
+    on: they need the simulated agents to run their checks, which these in-process tests
+    drive only where they say so (tests/server/test_acceptance*.py do)."""
+    body = {
+        "project": project,
+        "name": name,
+        "size": size,
+        "gpus_per_node": gpus_per_node,
+        "acceptance_tests": False,
+    }
     response = await client.post("/api/v1/clusters", json={**body, **extra})
     assert response.status_code == 201, response.text
     cluster: dict[str, Any] = response.json()

@@ -39,10 +39,12 @@ async def test_opt_out_at_creation_is_an_event_and_an_audit_row(app: RunningApp)
     opt_out = [e for e in events if e.kind == "cluster.acceptance_opt_out"]
     assert len(opt_out) == 1 and opt_out[0].data["acceptance_tests"] is False
     assert "opt-out" in opt_out[0].message and opt_out[0].actor is not None
-    assert [a.action for a in audits] == ["cluster.create", "cluster.acceptance_opt_out"]
+    # The creation's audit row says it: acceptance_tests false in what was asked for.
+    assert [a.action for a in audits] == ["cluster.create"]
+    assert audits[0].detail["acceptance_tests"] is False
 
     # A cluster that keeps its acceptance tests records no opt-out.
-    other = await create_cluster(app.client, name="careful")
+    other = await create_cluster(app.client, name="careful", acceptance_tests=True)
     assert other["acceptance_tests"] is True
     assert other["acceptance_suite"] == DEFAULT_SUITE.model_dump(mode="json")
     events, _ = await _rows(app, other["id"])
@@ -53,7 +55,9 @@ async def test_patch_changes_only_the_fields_given_and_records_each_change(
     app: RunningApp,
 ) -> None:
     await create_project(app.client, "ml")
-    cluster = await create_cluster(app.client, size=2, startup_scripts=["echo one"])
+    cluster = await create_cluster(
+        app.client, size=2, startup_scripts=["echo one"], acceptance_tests=True
+    )
     suite = {
         "checks": [{"kind": "dcgm-diag", "params": {"level": 2}}, {"kind": "gpu-burn"}],
         "timeout_s": 600,
@@ -121,7 +125,7 @@ async def test_patch_changes_only_the_fields_given_and_records_each_change(
 
 async def test_patch_refuses_bad_input_members_and_writes_nothing(app: RunningApp) -> None:
     await create_project(app.client, "ml")
-    cluster = await create_cluster(app.client, size=4)
+    cluster = await create_cluster(app.client, size=4, acceptance_tests=True)
     url = f"/api/v1/clusters/{cluster['id']}"
     member = await member_client(app)
     before = await count_rows(app)
@@ -131,6 +135,14 @@ async def test_patch_refuses_bad_input_members_and_writes_nothing(app: RunningAp
         ({"autoscale_min": 5}, "size must not be below autoscale_min"),
         ({"acceptance_tests": None}, "true or false"),
         ({"startup_scripts": None}, "a list"),
+        (
+            {"acceptance_suite": {"checks": [{"kind": "dcgm-diag", "params": {"level": 9}}]}},
+            "acceptance_suite.checks[0] (dcgm-diag): level must be a whole number 1..4",
+        ),
+        (
+            {"acceptance_suite": {"checks": [{"kind": "nccl"}], "fabric": "token-ring"}},
+            "unknown fabric 'token-ring'",
+        ),
     ]
     for body, message in cases:
         response = await app.client.patch(url, json=body)

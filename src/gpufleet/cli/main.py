@@ -9,6 +9,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from gpufleet.cli import (
+    acceptance,
     agent,
     auth,
     checks,
@@ -78,6 +79,7 @@ app.add_typer(repairs.app, name="repairs")
 app.add_typer(usage.app, name="usage")
 app.add_typer(slurm_node.app, name="slurm")
 app.add_typer(checks.app, name="checks")
+app.add_typer(acceptance.app, name="acceptance")
 app.command("events")(events.list_events)
 app.command("findings")(findings.list_findings)
 app.command("inject")(inject.inject)

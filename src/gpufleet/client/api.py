@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
+from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
 from gpufleet.core.enums import (
     ClusterStatus,
     Health,
@@ -101,6 +102,7 @@ class NodeAction(StrEnum):
     REPLACE = "replace"
     REMOVE = "remove"
     RESET_GPU = "reset_gpu"
+    RETRY_STARTUP = "retry_startup"  # run the startup scripts again after one failed
 
 
 class NodeActionResult(BaseModel):
@@ -317,8 +319,12 @@ class ApiClient:
         labels: Mapping[str, str] | None = None,
         node_prefix: str | None = None,
         first_node_index: int = 0,
+        acceptance_suite: AcceptanceSuite | None = None,
     ) -> Cluster:
         body = {
+            "acceptance_suite": (
+                None if acceptance_suite is None else acceptance_suite.model_dump(mode="json")
+            ),
             "project": project,
             "name": name,
             "scheduler": scheduler.value,
@@ -343,6 +349,27 @@ class ApiClient:
     def get_cluster_status(self, cluster_id: str) -> ClusterStatusReport:
         data = self._call("GET", f"{API}/clusters/{cluster_id}/status")
         return ClusterStatusReport.model_validate(data)
+
+    def update_cluster(self, cluster_id: str, *, reason: str = "", **fields: Any) -> Cluster:
+        """Change a cluster's ``acceptance_tests``, ``acceptance_suite`` (an
+        ``AcceptanceSuite``, or None for the default), ``startup_scripts``,
+        ``autoscale_min`` / ``autoscale_max`` (admins). Only the fields given change."""
+        allowed = {
+            "acceptance_tests",
+            "acceptance_suite",
+            "startup_scripts",
+            "autoscale_min",
+            "autoscale_max",
+        }
+        unknown = sorted(set(fields) - allowed)
+        if unknown:
+            raise TypeError(f"update_cluster() got unknown fields {unknown}")
+        body: dict[str, Any] = {**fields, "reason": reason}
+        suite = body.get("acceptance_suite")
+        if isinstance(suite, AcceptanceSuite):
+            body["acceptance_suite"] = suite.model_dump(mode="json")
+        path = f"{API}/clusters/{_segment(cluster_id)}"
+        return Cluster.model_validate(self._call("PATCH", path, body=body))
 
     def delete_cluster(self, cluster_id: str) -> Cluster:
         """Ask for a cluster's deletion; returns it in status ``deleting``."""
@@ -608,6 +635,48 @@ class ApiClient:
         }
         path = f"{API}/projects/{_segment(project)}/repair-policy/replay"
         return _object(self._call("POST", path, body=body), "replay report")
+
+    # -- acceptance -----------------------------------------------------------------
+    def list_acceptance_runs(
+        self,
+        cluster_id: str,
+        *,
+        trigger: AcceptanceTrigger | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[AcceptanceRun]:
+        """A cluster's acceptance runs, newest first."""
+        path = f"{API}/clusters/{_segment(cluster_id)}/acceptance"
+        params = {"trigger": trigger, "cursor": cursor, "limit": limit}
+        return self._get(Page[AcceptanceRun], path, params)
+
+    def run_acceptance(
+        self,
+        cluster_id: str,
+        *,
+        nodes: Sequence[str] | None = None,
+        reason: str = "",
+        force: bool = False,
+    ) -> AcceptanceRun:
+        """Run the cluster's acceptance suite now (admins); ``nodes`` (names or ids)
+        limits it to those nodes and to the node-level checks."""
+        body = {"nodes": None if nodes is None else list(nodes), "reason": reason, "force": force}
+        path = f"{API}/clusters/{_segment(cluster_id)}/acceptance"
+        return AcceptanceRun.model_validate(self._call("POST", path, body=body))
+
+    def get_acceptance_run(self, run_id: str) -> AcceptanceRun:
+        return AcceptanceRun.model_validate(
+            self._call("GET", f"{API}/acceptance/{_segment(run_id)}")
+        )
+
+    def acceptance_report(self, run_id: str, *, fmt: str = "json") -> tuple[bytes, str]:
+        """A finished run's report as ``json`` or ``html``: (the bytes, the SHA-256 of the
+        JSON report, from the ``ETag``). 409 while the run is under way."""
+        if fmt not in ("json", "html"):
+            raise ValueError(f"report format is json or html, not {fmt!r}")
+        response = self._send("GET", f"{API}/acceptance/{_segment(run_id)}/report.{fmt}")
+        raise_for_error(response)
+        return response.content, response.headers.get("etag", "").strip('"')
 
     # -- lifecycle ------------------------------------------------------------------
     def close(self) -> None:

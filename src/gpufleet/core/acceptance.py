@@ -12,13 +12,13 @@ import datetime as dt
 import hashlib
 import json
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # The active checks a suite may name, as ``gpufleet checks`` spells them.
 CheckName = Literal["dcgm-diag", "nccl", "ib-write-bw", "gpu-burn"]
-ParamValue = int | float | str | bool
+ParamValue: TypeAlias = int | float | str | bool | list[str]
 MAX_SUITE_CHECKS = 16
 
 
@@ -52,9 +52,9 @@ class SuiteCheck(BaseModel):
 
     kind: CheckName
     scope: AcceptanceScope = AcceptanceScope.NODE
-    params: Annotated[dict[Annotated[str, Field(max_length=40)], ParamValue], Field(
-        max_length=16
-    )] = {}  # fmt: skip
+    params: Annotated[
+        dict[Annotated[str, Field(max_length=40)], ParamValue], Field(max_length=16)
+    ] = {}
 
     @model_validator(mode="after")
     def _cluster_scope_is_nccl(self) -> SuiteCheck:
@@ -62,7 +62,17 @@ class SuiteCheck(BaseModel):
             raise ValueError(
                 f"{self.kind} runs per node; only nccl runs at cluster scope (multi-node)"
             )
+        if "scope" in self.params:
+            raise ValueError("give the scope as the check's scope (node | cluster), not a param")
         return self
+
+    def check_params(self) -> dict[str, ParamValue]:
+        """The check run's parameters: ``params`` plus, for nccl, its scope."""
+        out = dict(self.params)
+        if self.kind == "nccl":
+            cluster = self.scope is AcceptanceScope.CLUSTER
+            out["scope"] = "multi-node" if cluster else "per-node"
+        return out
 
     @property
     def label(self) -> str:
@@ -81,6 +91,14 @@ class AcceptanceSuite(BaseModel):
     checks: Annotated[list[SuiteCheck], Field(min_length=1, max_length=MAX_SUITE_CHECKS)]
     # A run not finished within this is an error (a hung check never passes).
     timeout_s: Annotated[float, Field(gt=0, le=2 * 86400)] = 3600.0
+    # The fabric ib_write_bw and the cluster-wide NCCL are judged against (NDR, HDR,
+    # EDR). None: HDR for A100 clusters, NDR for the rest; "none": bandwidth not judged.
+    fabric: Annotated[str, Field(min_length=1, max_length=32)] | None = None
+
+    def fabric_for(self, gpu_model: str) -> str | None:
+        if self.fabric is not None:
+            return None if self.fabric.lower() == "none" else self.fabric
+        return "HDR" if "A100" in gpu_model else "NDR"
 
     def node_checks(self) -> list[SuiteCheck]:
         return [c for c in self.checks if c.scope is AcceptanceScope.NODE]
@@ -89,12 +107,15 @@ class AcceptanceSuite(BaseModel):
         return [c for c in self.checks if c.scope is AcceptanceScope.CLUSTER]
 
 
+# nccl is all_reduce_perf: at node scope one run per node over NVLink, at cluster scope
+# one run across the nodes over the fabric. ib-write-bw tests every HCA of each node
+# (client of one neighbour, server of the other).
 DEFAULT_SUITE = AcceptanceSuite(
     checks=[
         SuiteCheck(kind="dcgm-diag", params={"level": 3}),
-        SuiteCheck(kind="nccl", params={"op": "all_reduce"}),  # one node, over NVLink
-        SuiteCheck(kind="ib-write-bw"),  # every HCA of the node
-        SuiteCheck(kind="nccl", scope=AcceptanceScope.CLUSTER, params={"op": "all_reduce"}),
+        SuiteCheck(kind="nccl"),
+        SuiteCheck(kind="ib-write-bw"),
+        SuiteCheck(kind="nccl", scope=AcceptanceScope.CLUSTER),
     ]
 )
 

@@ -21,6 +21,7 @@ from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
 from gpufleet.server.routers import (
+    acceptance,
     accounting,
     agent,
     agent_commands,
@@ -42,6 +43,7 @@ from gpufleet.server.services.auth import bootstrap_owner
 from gpufleet.server.settings import ServerSettings
 from gpufleet.server.sim_wiring import SimBundle, build_sim
 from gpufleet.server.web.router import install_console
+from gpufleet.server.workers.acceptance import AcceptanceLoop
 from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
 from gpufleet.server.workers.checks import CheckRunner, default_check_settings
@@ -144,6 +146,7 @@ def create_app(
         findings,
         repairs,
         checks,
+        acceptance,
         accounting,
         health,
         agent,
@@ -194,6 +197,9 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             drivers=ctx.drivers,
             server_url=lambda: ctx.public_url,
         ),
+        # Startup scripts and acceptance runs: right after provisioning, so a pass takes
+        # a node that just came up as far as it can go.
+        AcceptanceLoop(deps, interval_s=ctx.settings.reconcile_interval_s, drivers=ctx.drivers),
         HealthLoop(
             deps,
             interval_s=max(ctx.settings.reconcile_interval_s, 2.0),

@@ -40,6 +40,8 @@ class NodeActionKind(StrEnum):
     REPLACE = "replace"  # failover to a new host
     REMOVE = "remove"
     RESET_GPU = "reset_gpu"
+    # Run the startup scripts again on a node a failed script holds in provisioning.
+    RETRY_STARTUP = "retry_startup"
 
 
 # The node actions that run as a repair (cordon → drain → act → verify).

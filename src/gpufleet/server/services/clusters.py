@@ -10,7 +10,10 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.acceptance import suite_or_default
+from gpufleet.checks.models import CheckKind
+from gpufleet.checks.runners import normalise_params
+from gpufleet.checks.thresholds import UnknownName, get_thresholds
+from gpufleet.core.acceptance import AcceptanceSuite, suite_or_default
 from gpufleet.core.clock import utcnow
 from gpufleet.core.enums import (
     ClusterStatus,
@@ -137,6 +140,7 @@ async def create_cluster(
     drivers.provider(request.provider.value)
     drivers.scheduler(request.scheduler.value)
     _check_bounds(size=request.size, lo=request.autoscale_min, hi=request.autoscale_max)
+    check_suite(request.acceptance_suite)
     if await _live_cluster_named(session, project_id=project.id, name=request.name):
         raise Conflict(
             f"project {project.name} already has a cluster named {request.name!r}", field="name"
@@ -194,7 +198,9 @@ async def create_cluster(
         detail=request.model_dump(mode="json", exclude={"startup_scripts"}),
     )
     if not request.acceptance_tests:
-        _record_opt_out(session, cluster=row, caller=caller, reason="at creation", now=now)
+        _record_opt_out(
+            session, cluster=row, caller=caller, reason="at creation", now=now, audit=False
+        )
     try:
         await session.flush()
     except IntegrityError as exc:  # a concurrent create won the race for the name
@@ -219,10 +225,40 @@ def _check_bounds(*, size: int, lo: int | None, hi: int | None) -> None:
         raise InvalidInput("size must not be below autoscale_min", field="size")
 
 
+def check_suite(suite: AcceptanceSuite | None) -> None:
+    """Every check's parameters as the check runner takes them, and a fabric the
+    thresholds know (422 naming the one that is wrong)."""
+    if suite is None:
+        return
+    if suite.fabric is not None and suite.fabric.lower() != "none":
+        try:
+            get_thresholds().resolve_fabric(suite.fabric)
+        except UnknownName as exc:
+            raise InvalidInput(
+                f"acceptance_suite.fabric: {exc} (or none: bandwidth not judged)",
+                field="acceptance_suite.fabric",
+            ) from None
+    for i, check in enumerate(suite.checks):
+        try:
+            normalise_params(CheckKind(check.kind), check.check_params(), nodes=2)
+        except InvalidInput as exc:
+            raise InvalidInput(
+                f"acceptance_suite.checks[{i}] ({check.kind}): {exc.message}",
+                field=f"acceptance_suite.checks[{i}].{exc.field or 'params'}",
+            ) from None
+
+
 def _record_opt_out(
-    session: AsyncSession, *, cluster: ClusterRow, caller: Caller, reason: str, now: dt.datetime
+    session: AsyncSession,
+    *,
+    cluster: ClusterRow,
+    caller: Caller,
+    reason: str,
+    now: dt.datetime,
+    audit: bool = True,
 ) -> None:
-    """Acceptance tests turned off (or back on): an event on the timeline and an audit row."""
+    """Acceptance tests turned off (or back on): an event on the timeline and an audit row
+    (at creation the ``cluster.create`` row is that row: its detail has the opt-out)."""
     on = cluster.acceptance_tests
     what = "turned back on" if on else "turned off (opt-out): nodes skip the suite"
     record_event(
@@ -236,6 +272,8 @@ def _record_opt_out(
         data={"acceptance_tests": on, "reason": reason},
         ts=now,
     )
+    if not audit:
+        return
     record_audit(
         session,
         actor=caller.actor,
@@ -278,6 +316,7 @@ async def update_cluster(
     lo = request.autoscale_min if "autoscale_min" in given else row.autoscale_min
     hi = request.autoscale_max if "autoscale_max" in given else row.autoscale_max
     _check_bounds(size=row.size, lo=lo, hi=hi)
+    check_suite(request.acceptance_suite)
     before = _spec(row)
     if request.acceptance_tests is not None:
         row.acceptance_tests = request.acceptance_tests

@@ -104,6 +104,7 @@ def node_row_to_node(
         gpus=None
         if gpus is None
         else [gpu_row_to_gpu(g, node_health=health) for g in sorted(gpus, key=lambda g: g.index)],
+        state_detail=row.state_detail or "",
     )
 
 

@@ -1,5 +1,5 @@
 """What an admin does to repairs and nodes: approve, dismiss, force; cordon, uncordon,
-drain, and the node actions that run as a repair ("three clicks").
+drain, retry_startup, and the node actions that run as a repair ("three clicks").
 
 Every action runs the same pipeline and writes the same events and audit rows as a
 recommended repair; the executor carries it out.
@@ -58,6 +58,7 @@ from gpufleet.server.services.repairs import (
     switch_repair_status,
 )
 from gpufleet.server.services.schedulers import scheduler_for
+from gpufleet.server.services.startup_scripts import retry_startup
 
 
 async def approve_repair(
@@ -182,6 +183,9 @@ async def node_action(
     async with db.session() as session:
         node, cluster = await get_node_row_or_error(session, caller=caller, node_id=node_id)
     require(caller, Permission.NODE_ACTION, cluster.project_id)
+    if request.action is NodeActionKind.RETRY_STARTUP:
+        await retry_startup(db, caller=caller, node_id=node.id, reason=request.reason, now=now)
+        return {"node": await _node(db, node.id, staleness_s, now), "repair": None}
     if request.action in REPAIR_NODE_ACTIONS:
         repair = await _manual_repair(
             db, caller=caller, node=node, cluster=cluster, request=request,

@@ -5,6 +5,12 @@ the node id and attempt), and each step is load â†’ act (no transaction open) â†
 transaction that re-reads the row and checks it is still in the state the step saw). A
 server killed at any point re-runs the step and converges on the same nodes; the unique
 (cluster, name) constraint makes a duplicate node impossible even with two replicas.
+
+A machine that is up runs the cluster's startup scripts (``services/startup_scripts.py``;
+the node stays ``provisioning`` meanwhile, and stays there with the error shown when one
+fails), then goes to ``acceptance`` (drained in the scheduler with gpufleet's reason, so
+it takes no job) where the acceptance loop tests it, or straight into service when the
+cluster opted out of acceptance tests.
 """
 
 from __future__ import annotations
@@ -20,18 +26,29 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpufleet.core.enums import ClusterStatus, EventKind, NodeState
 from gpufleet.core.errors import DriverError
 from gpufleet.providers.base import Instance, InstanceState, Provider, ProvisionRequest
+from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.tables import ClusterRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.services.acceptance import settle_cluster_status
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
 from gpufleet.server.services.clusters import new_node_rows, node_name, switch_cluster_status
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.nodes import switch_node_state
+from gpufleet.server.services.schedulers import scheduler_for
+from gpufleet.server.services.startup_scripts import (
+    StartupStatus,
+    StartupTrigger,
+    boot_key,
+    ensure_startup,
+)
 from gpufleet.server.workers.base import LoopDeps, LoopService
 
 log = logging.getLogger(__name__)
 
 ACTOR = "system:provisioning"
 MAX_ATTEMPTS = 3  # a slot that fails to boot this often is marked failed for a human
+# What ``sinfo -R`` shows for a node under acceptance; undone when it passes.
+ACCEPTANCE_DRAIN_REASON = f"{DRAIN_REASON_PREFIX} acceptance tests running"
 _ACTIVE = [
     ClusterStatus.PROVISIONING.value,
     ClusterStatus.READY.value,
@@ -214,6 +231,10 @@ class ProvisioningLoop(LoopService):
     async def _mark_provisioned(
         self, cluster: ClusterRow, node: _NodeView, instance: Instance
     ) -> None:
+        """The machine is up: record who it is, run the startup scripts, then hand the
+        node to acceptance (or to service, where the cluster opted out). Called again
+        every pass while the node is provisioning; each call moves it on if it can."""
+        now = self.clock.now()
         async with self.db.transaction() as session:
             row = await session.get(NodeRow, node.id, with_for_update=True)
             if (
@@ -227,17 +248,67 @@ class ProvisioningLoop(LoopService):
             row.serial = instance.serial or row.serial
             row.bmc_address = instance.bmc_address
             row.rack, row.leaf_switch, row.pdu = instance.rack, instance.leaf_switch, instance.pdu
-            # Acceptance tests (DCGM, NCCL, IB) arrive with the active-checks work; until
-            # then a booted node goes straight into service.
+            startup = await ensure_startup(
+                session,
+                node=row,
+                cluster=cluster,
+                trigger=StartupTrigger.PROVISION,
+                key=boot_key(instance.instance_id, instance.booted_at),
+                actor=ACTOR,
+                now=now,
+            )
+            if startup is not None and startup.status != StartupStatus.SUCCEEDED.value:
+                if startup.status == StartupStatus.RUNNING.value:
+                    detail = (
+                        f"running startup script {min(startup.current + 1, len(startup.scripts))}"
+                        f" of {len(startup.scripts)}"
+                    )
+                    if row.state_detail != detail:
+                        row.state_detail = detail
+                return  # running, or failed (the node stays here with the error shown)
+            if not cluster.acceptance_tests:
+                switch_node_state(
+                    session,
+                    node=row,
+                    project_id=cluster.project_id,
+                    target=NodeState.IN_SERVICE,
+                    actor=ACTOR,
+                    reason=f"machine {instance.instance_id} is running"
+                    + (" and its startup scripts ran" if startup is not None else "")
+                    + "; acceptance tests opted out",
+                    now=now,
+                )
+                row.state_detail = ""
+                return
+            name = row.scheduler_name or row.name
+        # Acceptance: no job may land on the node while it is tested.
+        scheduler = scheduler_for(self.drivers, cluster)
+        if isinstance(scheduler, SupportsDrain):
+            try:
+                await scheduler.drain(name, reason=ACCEPTANCE_DRAIN_REASON)
+            except DriverError as exc:
+                log.warning("provisioning: node %s: drain for acceptance: %s", node.name, exc)
+                return  # next pass tries again
+        async with self.db.transaction() as session:
+            row = await session.get(NodeRow, node.id, with_for_update=True)
+            if (
+                row is None
+                or row.state != NodeState.PROVISIONING.value
+                or row.provider_instance_id != instance.instance_id
+            ):
+                return
             switch_node_state(
                 session,
                 node=row,
                 project_id=cluster.project_id,
-                target=NodeState.IN_SERVICE,
+                target=NodeState.ACCEPTANCE,
                 actor=ACTOR,
-                reason=f"machine {instance.instance_id} is running",
+                reason=f"machine {instance.instance_id} is running"
+                + (" and its startup scripts ran" if cluster.startup_scripts else "")
+                + "; acceptance tests next",
                 now=self.clock.now(),
             )
+            row.state_detail = "waiting for acceptance checks"
 
     async def _forget_instance(self, cluster: ClusterRow, node: _NodeView, *, reason: str) -> None:
         async with self.db.transaction() as session:
@@ -272,36 +343,7 @@ class ProvisioningLoop(LoopService):
             cluster = await session.get(ClusterRow, cluster_id, with_for_update=True)
             if cluster is None:
                 return
-            states = [
-                NodeState(s)
-                for s in await session.scalars(
-                    select(NodeRow.state).where(
-                        NodeRow.cluster_id == cluster_id, NodeRow.state != NodeState.REMOVED.value
-                    )
-                )
-            ]
-            in_service = sum(1 for s in states if s is NodeState.IN_SERVICE)
-            status = ClusterStatus(cluster.status)
-            if status is ClusterStatus.PROVISIONING and in_service >= cluster.size:
-                switch_cluster_status(
-                    session,
-                    cluster=cluster,
-                    target=ClusterStatus.READY,
-                    actor=ACTOR,
-                    reason=f"all {cluster.size} nodes in service",
-                )
-            elif (
-                status is ClusterStatus.PROVISIONING
-                and all(s is NodeState.FAILED for s in states)
-                and states
-            ):
-                switch_cluster_status(
-                    session,
-                    cluster=cluster,
-                    target=ClusterStatus.FAILED,
-                    actor=ACTOR,
-                    reason="every node failed to provision",
-                )
+            await settle_cluster_status(session, cluster=cluster, actor=ACTOR, now=self.clock.now())
 
     async def _delete(
         self, cluster: ClusterRow, nodes: list[_NodeView], provider: Provider

@@ -1,9 +1,16 @@
 """The verifying step: a repaired node must prove itself before it takes work again.
 
 It must report after the action with every GPU and no critical finding seen again, for
-``verify_settle_s``, within ``verify_timeout_s``. Then gpufleet's own drain is undone
-(never anyone else's) and the node is back in service; otherwise the repair fails, the
-node stays cordoned and the planner recommends the next rung.
+``verify_settle_s``, within ``verify_timeout_s``. Then, when the action started the
+machine again (reboot, reprovision, failover), the cluster's startup scripts run on it;
+then, unless the cluster opted out, the node is in ``acceptance`` while the node-level
+part of the acceptance suite runs on it (re-acceptance). Then gpufleet's own drain is
+undone (never anyone else's) and the node is back in service; otherwise — a finding
+back, no report in time, a failed startup script, a failed re-acceptance — the repair
+fails loudly, the node stays cordoned and the planner recommends the next rung.
+
+The startup and acceptance runs are made in the transaction that records their ids in
+``progress``, so a crash never starts either twice; the acceptance loop carries them out.
 """
 
 from __future__ import annotations
@@ -12,15 +19,40 @@ import datetime as dt
 
 from sqlalchemy import func, select
 
-from gpufleet.core.enums import NodeState, RepairStatus, Severity
+from gpufleet.core.acceptance import (
+    OPEN_STATUSES,
+    AcceptanceScope,
+    AcceptanceStatus,
+    AcceptanceTrigger,
+)
+from gpufleet.core.enums import NodeState, RepairAction, RepairStatus, Severity
 from gpufleet.core.errors import DriverError
 from gpufleet.core.signatures.catalog import get_signature
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, Scheduler, SupportsDrain
-from gpufleet.server.db.tables import FindingRow, GpuRow
+from gpufleet.server.db.tables import (
+    AcceptanceRunRow,
+    FindingRow,
+    GpuRow,
+    NodeRow,
+    NodeStartupRow,
+)
+from gpufleet.server.services.acceptance import create_acceptance_run
 from gpufleet.server.services.agent_findings import refresh_node_health
+from gpufleet.server.services.startup_scripts import (
+    StartupStatus,
+    StartupTrigger,
+    boot_key,
+    ensure_startup,
+)
 from gpufleet.server.workers.repair_steps import LoadedRepair, StepBase, close_findings, parse_ts
 
 _BAD = frozenset({Severity.CRITICAL.value, Severity.FATAL.value})
+# Actions after which the machine started again: its startup scripts run again.
+_RESTARTS = {
+    RepairAction.REBOOT: StartupTrigger.REBOOT,
+    RepairAction.REPROVISION: StartupTrigger.REPROVISION,
+    RepairAction.FAILOVER: StartupTrigger.FAILOVER,
+}
 
 
 def still_bad(finding: FindingRow, *, acted: dt.datetime) -> bool:
@@ -52,6 +84,11 @@ async def foreign_reason(scheduler: Scheduler, name: str) -> str | None:
 
 class VerifyingSteps(StepBase):
     async def verify(self, loaded: LoadedRepair) -> None:
+        if loaded.progress.get("settled_at"):
+            # Past the watch: startup scripts and re-acceptance, each with its own limits.
+            if await self._reaccept(loaded):
+                await self._return_to_service(loaded)
+            return
         repair, policy, node = loaded.repair, loaded.policy, loaded.node
         now = self.clock.now()
         acted = parse_ts(loaded.progress.get("acted_at")) or repair.step_started_at or now
@@ -108,7 +145,110 @@ class VerifyingSteps(StepBase):
                 )
                 return
         if (now - first).total_seconds() >= policy.verify_settle_s:
-            await self._return_to_service(loaded)
+            await self.note(
+                loaded,
+                "the node reports clean; startup scripts and re-acceptance next",
+                settled_at=now.isoformat(),
+            )
+
+    async def _reaccept(self, loaded: LoadedRepair) -> bool:
+        """Startup scripts (after a restart), then the node-level acceptance suite. True
+        when both are done and passed (or not needed); False: wait, or the repair failed."""
+        repair, cluster = loaded.repair, loaded.cluster
+        trigger = _RESTARTS.get(RepairAction(repair.action))
+        if trigger is not None and cluster.startup_scripts:
+            startup_id = loaded.progress.get("startup_id")
+            if not isinstance(startup_id, str):
+                await self._start_startup(loaded, trigger)
+                return False
+        else:
+            startup_id = "none"
+        if startup_id != "none":
+            async with self.db.session() as session:
+                startup = await session.get(NodeStartupRow, startup_id)
+            if startup is None or startup.status == StartupStatus.RUNNING.value:
+                done = len(startup.results or []) if startup is not None else 0
+                total = len(startup.scripts or []) if startup is not None else 0
+                await self.note(loaded, f"running startup scripts ({done}/{total} done)")
+                return False
+            if startup.status != StartupStatus.SUCCEEDED.value:
+                await self._fail_held(loaded, f"verification failed: {startup.error}")
+                return False
+        if not cluster.acceptance_tests:
+            return True
+        run_id = loaded.progress.get("acceptance_id")
+        if not isinstance(run_id, str):
+            await self._start_acceptance(loaded)
+            return False
+        async with self.db.session() as session:
+            run = await session.get(AcceptanceRunRow, run_id)
+        if run is None:
+            await self.fail(loaded, f"verification failed: acceptance run {run_id} is gone")
+            return False
+        status = AcceptanceStatus(run.status)
+        if status in OPEN_STATUSES or run.stage != "done":
+            await self.note(loaded, f"re-acceptance {run.id}: {run.detail}")
+            return False
+        if status is not AcceptanceStatus.PASSED:
+            await self._fail_held(
+                loaded, f"re-acceptance {run.id} {status.value}: {run.detail}"[:2000]
+            )
+            return False
+        return True
+
+    async def _fail_held(self, loaded: LoadedRepair, reason: str) -> None:
+        """Fail the repair (the node stays cordoned) and say why on the node itself."""
+        await self.fail(loaded, reason)
+        async with self.db.transaction() as session:
+            node = await session.get(NodeRow, loaded.node.id, with_for_update=True)
+            if node is not None and node.state == NodeState.CORDONED.value:
+                node.state_detail = reason[:4000]
+
+    async def _start_startup(self, loaded: LoadedRepair, trigger: StartupTrigger) -> None:
+        async with self.locked(loaded) as tx:
+            if tx is None or (tx.repair.progress or {}).get("startup_id"):
+                return
+            node = tx.node
+            startup = await ensure_startup(
+                tx.session,
+                node=node,
+                cluster=loaded.cluster,
+                trigger=trigger,
+                key=boot_key(node.provider_instance_id, None) + f"/repair:{tx.repair.id}",
+                actor="system:repairs",
+                now=tx.now,
+                repair_id=tx.repair.id,
+            )
+            if startup is None:  # no scripts after all (changed meanwhile)
+                tx.progress(startup_id="none")
+                return
+            await tx.session.flush()
+            tx.progress(startup_id=startup.id)
+            tx.repair.detail = f"running {len(startup.scripts)} startup script(s)"
+            tx.repair.updated_at = tx.now
+            tx.step_event(tx.repair.detail, {"startup_id": startup.id})
+
+    async def _start_acceptance(self, loaded: LoadedRepair) -> None:
+        async with self.locked(loaded) as tx:
+            if tx is None or (tx.repair.progress or {}).get("acceptance_id"):
+                return
+            tx.node_to(NodeState.ACCEPTANCE, f"repair {tx.repair.id}: re-acceptance")
+            tx.node.state_detail = f"re-acceptance after repair {tx.repair.id}"
+            run = create_acceptance_run(
+                tx.session,
+                cluster=loaded.cluster,
+                scope=AcceptanceScope.NODE,
+                trigger=AcceptanceTrigger.REPAIR,
+                node_ids=[tx.node.id],
+                node_names=[tx.node.name],
+                actor="system:repairs",
+                now=tx.now,
+                repair_id=tx.repair.id,
+            )
+            tx.progress(acceptance_id=run.id)
+            tx.repair.detail = f"re-acceptance {run.id}: the node-level suite runs"
+            tx.repair.updated_at = tx.now
+            tx.step_event(tx.repair.detail, {"acceptance_run_id": run.id})
 
     async def _return_to_service(self, loaded: LoadedRepair) -> None:
         scheduler = self.scheduler(loaded)
@@ -135,6 +275,7 @@ class VerifyingSteps(StepBase):
                 now=tx.now,
                 staleness_s=self.staleness_s,
             )
+            tx.node.state_detail = ""
             if foreign is None:
                 tx.node_to(NodeState.IN_SERVICE, verified)
                 tx.repair.detail = "verified; back in service"
