@@ -42,12 +42,42 @@ STALENESS_S = 30.0
 
 
 async def count_rows(app: RunningApp) -> dict[str, int]:
-    """Row counts of the tables a bad request must leave alone."""
+    """Row counts of the tables a bad request must leave alone. ``audit_log`` counts what
+    was done (result ``ok``): a refused mutation leaves its own row, which is not that."""
     async with app.ctx.db.session() as session:
-        return {
+        counts = {
             name: int(await session.scalar(select(func.count()).select_from(row)) or 0)
             for name, row in COUNTED.items()
         }
+        counts["audit_log"] = int(
+            await session.scalar(
+                select(func.count()).select_from(AuditLogRow).where(AuditLogRow.result == "ok")
+            )
+            or 0
+        )
+        return counts
+
+
+async def audit_rows_of(app: RunningApp, response: httpx.Response) -> list[AuditLogRow]:
+    """The audit rows written while the server handled ``response``'s request."""
+    request_id = response.headers["X-Request-ID"]
+    async with app.ctx.db.session() as session:
+        rows = await session.scalars(
+            select(AuditLogRow).where(AuditLogRow.request_id == request_id).order_by(AuditLogRow.id)
+        )
+        return list(rows)
+
+
+async def assert_only_refusal_written(
+    app: RunningApp, before: dict[str, int], response: httpx.Response, *, audited: bool
+) -> None:
+    """Nothing changed but, for a refused mutation by a known caller, its one audit row."""
+    rows = await audit_rows_of(app, response)
+    assert len(rows) == (1 if audited else 0), [(r.action, r.result) for r in rows]
+    for row in rows:
+        assert row.result != "ok"
+        assert row.detail["status"] == response.status_code
+    assert await count_rows(app) == before
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:

@@ -111,7 +111,9 @@ async def test_xid_79_is_recommended_approved_drained_rebooted_verified_and_back
         async with fleet.app.ctx.db.session() as session:
             audit = list(
                 await session.scalars(
-                    select(AuditLogRow).where(AuditLogRow.object_id == repair["id"])
+                    select(AuditLogRow).where(
+                        AuditLogRow.object_id == repair["id"], AuditLogRow.result == "ok"
+                    )
                 )
             )
         assert {a.detail["to"] for a in audit} >= {"approved", "succeeded"}

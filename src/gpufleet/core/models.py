@@ -40,6 +40,7 @@ class User(_Domain):
     email: str | None
     is_owner: bool
     created_at: dt.datetime
+    unix_name: str | None = None  # the account on cluster nodes (sudoers, Slurm admins)
 
 
 class Membership(_Domain):
@@ -59,6 +60,7 @@ class ApiToken(_Domain):
     expires_at: dt.datetime | None
     revoked_at: dt.datetime | None
     last_used_at: dt.datetime | None
+    user_name: str | None = None  # filled where a listing shows other users' tokens
 
 
 class CreatedToken(_Domain):

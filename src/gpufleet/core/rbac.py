@@ -44,7 +44,7 @@ class Permission(StrEnum):
 DESCRIPTIONS: dict[Permission, str] = {
     Permission.PROJECT_READ: "see the project",
     Permission.CLUSTER_READ: "see its clusters and their status",
-    Permission.CLUSTER_CREATE: "create clusters",
+    Permission.CLUSTER_CREATE: "create clusters and change their settings",
     Permission.CLUSTER_DELETE: "delete clusters",
     Permission.NODE_READ: "see nodes and GPUs",
     Permission.NODE_ACTION: "cordon, drain, reboot, reprovision, replace, remove nodes",

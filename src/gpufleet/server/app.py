@@ -20,11 +20,14 @@ from gpufleet.server.errors import install_error_handlers
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
+from gpufleet.server.requests import RequestContext
 from gpufleet.server.routers import (
     acceptance,
+    access,
     accounting,
     agent,
     agent_commands,
+    audit,
     auth,
     checks,
     clusters,
@@ -38,6 +41,8 @@ from gpufleet.server.routers import (
     projects,
     repairs,
     tokens,
+    users,
+    volumes,
 )
 from gpufleet.server.services.auth import bootstrap_owner
 from gpufleet.server.settings import ServerSettings
@@ -152,12 +157,17 @@ def create_app(
         agent,
         agent_commands,
         node_commands,
+        users,
+        volumes,
+        audit,
+        access,
     ):
         api.include_router(module.router)
     app.include_router(probes.router)
     app.include_router(api)
     install_console(app)  # the web console: pages and /static (server/web/)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContext)  # outermost: every response has an X-Request-ID
     return app
 
 

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 import gpufleet.server.services.accounting as accounting_services
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.services.accounting import UsageGroup
+from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/usage", tags=["usage"])
 
 
 @router.get("/gpu-hours")
 async def gpu_hours(
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.USAGE_READ)],
     ctx: CtxDep,
     group_by: list[UsageGroup] = Query(default=[UsageGroup.PROJECT]),
     since: dt.datetime | None = Query(default=None, description="Default: 30 days ago."),

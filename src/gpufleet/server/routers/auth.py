@@ -20,7 +20,7 @@ from gpufleet.core.errors import InvalidInput, NotFound, Unauthorized
 from gpufleet.core.models import CreatedToken, Membership, User
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.tables import UserRow
-from gpufleet.server.deps import CallerDep, CtxDep, client_ip
+from gpufleet.server.deps import CtxDep, SignedIn, client_ip
 from gpufleet.server.limits import RateLimiter
 from gpufleet.server.schemas.auth import AuthConfig, AuthMe, CreateDeviceTokenRequest
 from gpufleet.server.services.oidc import OidcConfig, OidcRelyingParty
@@ -190,7 +190,7 @@ async def callback(
 
 
 @router.post("/logout", status_code=status.HTTP_204_NO_CONTENT)
-async def logout(caller: CallerDep, ctx: CtxDep) -> Response:
+async def logout(caller: SignedIn, ctx: CtxDep) -> Response:
     """End this console session (needs the CSRF header, like every cookie POST)."""
     async with ctx.db.transaction() as session:
         await session_services.revoke_web_session(session, caller=caller, now=ctx.clock.now())
@@ -202,7 +202,7 @@ async def logout(caller: CallerDep, ctx: CtxDep) -> Response:
 
 
 @router.get("/me")
-async def me(request: Request, caller: CallerDep, ctx: CtxDep) -> AuthMe:
+async def me(request: Request, caller: SignedIn, ctx: CtxDep) -> AuthMe:
     async with ctx.db.session() as session:
         user = await session.get(UserRow, caller.user_id)
         expires_at = None

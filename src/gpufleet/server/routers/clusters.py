@@ -1,21 +1,23 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, status
 
 import gpufleet.server.services.clusters as clusters_services
 from gpufleet.core.enums import ClusterStatus
 from gpufleet.core.models import Cluster, Page
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateClusterRequest
+from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/clusters", tags=["clusters"])
 
 
 @router.get("")
 async def list_clusters(
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)],
     ctx: CtxDep,
     project: str | None = Query(default=None, max_length=63),
     name: str | None = Query(default=None, max_length=63),
@@ -34,7 +36,11 @@ async def list_clusters(
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)
-async def create_cluster(body: CreateClusterRequest, caller: CallerDep, ctx: CtxDep) -> Cluster:
+async def create_cluster(
+    body: CreateClusterRequest,
+    caller: Annotated[Caller, Allow(Permission.CLUSTER_CREATE)],
+    ctx: CtxDep,
+) -> Cluster:
     async with ctx.db.transaction() as session:
         return await clusters_services.create_cluster(
             session, caller=caller, request=body, drivers=ctx.drivers
@@ -42,7 +48,9 @@ async def create_cluster(body: CreateClusterRequest, caller: CallerDep, ctx: Ctx
 
 
 @router.get("/{cluster_id}")
-async def get_cluster(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Cluster:
+async def get_cluster(
+    cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
+) -> Cluster:
     async with ctx.db.session() as session:
         return await clusters_services.get_cluster(
             session,
@@ -54,7 +62,9 @@ async def get_cluster(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Cluste
 
 
 @router.get("/{cluster_id}/status")
-async def get_cluster_status(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> dict[str, Any]:
+async def get_cluster_status(
+    cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
+) -> dict[str, Any]:
     async with ctx.db.session() as session:
         cluster = await clusters_services.get_cluster(
             session,
@@ -77,7 +87,7 @@ async def get_cluster_status(cluster_id: str, caller: CallerDep, ctx: CtxDep) ->
 async def update_cluster(
     cluster_id: str,
     body: UpdateClusterRequest,
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.CLUSTER_CREATE)],
     ctx: CtxDep,
 ) -> Cluster:
     """Acceptance opt-out and suite, startup scripts, autoscaling bounds (admins)."""
@@ -93,6 +103,8 @@ async def update_cluster(
 
 
 @router.delete("/{cluster_id}", status_code=status.HTTP_202_ACCEPTED)
-async def delete_cluster(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Cluster:
+async def delete_cluster(
+    cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_DELETE)], ctx: CtxDep
+) -> Cluster:
     async with ctx.db.transaction() as session:
         return await clusters_services.delete_cluster(session, caller=caller, cluster_id=cluster_id)

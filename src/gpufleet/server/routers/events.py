@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
@@ -8,7 +9,9 @@ import gpufleet.server.services.events as events_services
 from gpufleet.core.enums import EventKind
 from gpufleet.core.errors import InvalidInput
 from gpufleet.core.models import Event, Page
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.nodes import get_node_row_or_error
 from gpufleet.server.services.projects import get_project_row_or_error
@@ -18,7 +21,7 @@ router = APIRouter(prefix="/events", tags=["events"])
 
 @router.get("")
 async def list_events(
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.EVENT_READ)],
     ctx: CtxDep,
     project: str | None = Query(default=None, max_length=63),
     cluster: str | None = Query(default=None, max_length=36),

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query, status
 
 import gpufleet.server.services.faults as faults_services
 from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
 from gpufleet.core.faults import Fault
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.faults import InjectFaultRequest
+from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/nodes/{node_id}/faults", tags=["faults"])
 
 
 @router.post("", status_code=status.HTTP_202_ACCEPTED)
 async def inject_fault(
-    node_id: str, body: InjectFaultRequest, caller: CallerDep, ctx: CtxDep
+    node_id: str,
+    body: InjectFaultRequest,
+    caller: Annotated[Caller, Allow(Permission.NODE_ACTION)],
+    ctx: CtxDep,
 ) -> Fault:
     """Inject a fault; 202: the node's agent reports the finding within about a second."""
     return await faults_services.inject_fault(
@@ -24,7 +31,9 @@ async def inject_fault(
 
 
 @router.get("")
-async def list_faults(node_id: str, caller: CallerDep, ctx: CtxDep) -> list[Fault]:
+async def list_faults(
+    node_id: str, caller: Annotated[Caller, Allow(Permission.NODE_READ)], ctx: CtxDep
+) -> list[Fault]:
     return await faults_services.list_faults(
         ctx.db, caller=caller, drivers=ctx.drivers, node_id=node_id
     )
@@ -34,7 +43,7 @@ async def list_faults(node_id: str, caller: CallerDep, ctx: CtxDep) -> list[Faul
 async def clear_fault(
     node_id: str,
     signature: str,
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.NODE_ACTION)],
     ctx: CtxDep,
     gpu_index: int | None = Query(default=None, ge=0, lt=MAX_GPUS_PER_NODE),
 ) -> list[Fault]:

@@ -1,17 +1,21 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query
 
 import gpufleet.server.services.findings as findings_services
 from gpufleet.core.models import Finding, Page
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/findings", tags=["findings"])
 
 
 @router.get("")
 async def list_findings(
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.FINDING_READ)],
     ctx: CtxDep,
     cluster: str | None = Query(default=None, max_length=36),
     node: str | None = Query(default=None, max_length=36),

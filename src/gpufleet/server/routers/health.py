@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query
 
 import gpufleet.server.services.health as health_services
 from gpufleet.core.models import HealthSummary
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 
 router = APIRouter(prefix="/health", tags=["health"])
@@ -12,7 +16,9 @@ router = APIRouter(prefix="/health", tags=["health"])
 
 @router.get("/summary")
 async def health_summary(
-    caller: CallerDep, ctx: CtxDep, cluster: str | None = Query(default=None, max_length=36)
+    caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)],
+    ctx: CtxDep,
+    cluster: str | None = Query(default=None, max_length=36),
 ) -> HealthSummary:
     async with ctx.db.session() as session:
         if cluster is not None:

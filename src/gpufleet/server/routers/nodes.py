@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query
 
 import gpufleet.server.services.nodes as nodes_services
 from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.models import Node, Page
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
@@ -13,7 +17,7 @@ router = APIRouter(prefix="/nodes", tags=["nodes"])
 
 @router.get("")
 async def list_nodes(
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.NODE_READ)],
     ctx: CtxDep,
     cluster: str | None = Query(default=None, max_length=36),
     state: NodeState | None = None,
@@ -40,7 +44,9 @@ async def list_nodes(
 
 
 @router.get("/{node_id}")
-async def get_node(node_id: str, caller: CallerDep, ctx: CtxDep) -> Node:
+async def get_node(
+    node_id: str, caller: Annotated[Caller, Allow(Permission.NODE_READ)], ctx: CtxDep
+) -> Node:
     async with ctx.db.session() as session:
         return await nodes_services.get_node(
             session,

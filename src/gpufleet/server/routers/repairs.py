@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
@@ -11,9 +11,10 @@ import gpufleet.server.services.repair_policy as policies
 import gpufleet.server.services.repairs as repairs_services
 from gpufleet.core.enums import RepairStatus
 from gpufleet.core.models import Breaker, Page, Repair
+from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import PolicyConfig, RepairKind
 from gpufleet.server.context import AppContext
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.repairs import (
     ApproveRepairRequest,
     DismissRepairRequest,
@@ -23,6 +24,7 @@ from gpufleet.server.schemas.repairs import (
     ReplayRequest,
     ResetBreakerRequest,
 )
+from gpufleet.server.services.auth import Caller
 
 router = APIRouter(tags=["repairs"])
 
@@ -33,7 +35,7 @@ def _default(ctx: AppContext) -> PolicyConfig:
 
 @router.get("/repairs")
 async def list_repairs(
-    caller: CallerDep,
+    caller: Annotated[Caller, Allow(Permission.REPAIR_READ)],
     ctx: CtxDep,
     cluster: str | None = Query(default=None, max_length=36),
     node: str | None = Query(default=None, max_length=36),
@@ -58,7 +60,9 @@ async def list_repairs(
 
 
 @router.get("/repairs/{repair_id}")
-async def get_repair(repair_id: str, caller: CallerDep, ctx: CtxDep) -> Repair:
+async def get_repair(
+    repair_id: str, caller: Annotated[Caller, Allow(Permission.REPAIR_READ)], ctx: CtxDep
+) -> Repair:
     async with ctx.db.session() as session:
         return await repairs_services.get_repair(
             session, caller=caller, repair_id=repair_id, drivers=ctx.drivers
@@ -67,7 +71,10 @@ async def get_repair(repair_id: str, caller: CallerDep, ctx: CtxDep) -> Repair:
 
 @router.post("/repairs/{repair_id}/approve")
 async def approve_repair(
-    repair_id: str, body: ApproveRepairRequest, caller: CallerDep, ctx: CtxDep
+    repair_id: str,
+    body: ApproveRepairRequest,
+    caller: Annotated[Caller, Allow(Permission.REPAIR_APPROVE)],
+    ctx: CtxDep,
 ) -> Repair:
     """Approve a proposed repair (project admins). 409 while the breaker is tripped."""
     return await actions.approve_repair(
@@ -78,7 +85,10 @@ async def approve_repair(
 
 @router.post("/repairs/{repair_id}/dismiss")
 async def dismiss_repair(
-    repair_id: str, body: DismissRepairRequest, caller: CallerDep, ctx: CtxDep
+    repair_id: str,
+    body: DismissRepairRequest,
+    caller: Annotated[Caller, Allow(Permission.REPAIR_APPROVE)],
+    ctx: CtxDep,
 ) -> Repair:
     return await actions.dismiss_repair(
         ctx.db, caller=caller, repair_id=repair_id, request=body, now=ctx.clock.now()
@@ -87,7 +97,10 @@ async def dismiss_repair(
 
 @router.post("/repairs/{repair_id}/force")
 async def force_repair(
-    repair_id: str, body: ForceRepairRequest, caller: CallerDep, ctx: CtxDep
+    repair_id: str,
+    body: ForceRepairRequest,
+    caller: Annotated[Caller, Allow(Permission.REPAIR_APPROVE)],
+    ctx: CtxDep,
 ) -> Repair:
     """Kill the jobs still on a draining repair's node. Nothing else ever kills a job."""
     return await actions.force_repair(
@@ -97,7 +110,10 @@ async def force_repair(
 
 @router.post("/nodes/{node_id}/actions")
 async def node_action(
-    node_id: str, body: NodeActionRequest, caller: CallerDep, ctx: CtxDep
+    node_id: str,
+    body: NodeActionRequest,
+    caller: Annotated[Caller, Allow(Permission.NODE_ACTION)],
+    ctx: CtxDep,
 ) -> dict[str, Any]:
     """cordon, uncordon, drain; or reboot, reprovision, replace, remove, reset_gpu, which
     run as an approved repair (the response names it)."""
@@ -109,7 +125,9 @@ async def node_action(
 
 
 @router.get("/clusters/{cluster_id}/repair-breaker")
-async def get_breaker(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Breaker:
+async def get_breaker(
+    cluster_id: str, caller: Annotated[Caller, Allow(Permission.REPAIR_READ)], ctx: CtxDep
+) -> Breaker:
     return await actions.show_breaker(
         ctx.db, caller=caller, cluster_id=cluster_id, default_policy=_default(ctx)
     )
@@ -117,7 +135,10 @@ async def get_breaker(cluster_id: str, caller: CallerDep, ctx: CtxDep) -> Breake
 
 @router.post("/clusters/{cluster_id}/repair-breaker/reset")
 async def reset_breaker(
-    cluster_id: str, body: ResetBreakerRequest, caller: CallerDep, ctx: CtxDep
+    cluster_id: str,
+    body: ResetBreakerRequest,
+    caller: Annotated[Caller, Allow(Permission.POLICY_MANAGE)],
+    ctx: CtxDep,
 ) -> Breaker:
     return await actions.reset_cluster_breaker(
         ctx.db, caller=caller, cluster_id=cluster_id, request=body,
@@ -126,7 +147,9 @@ async def reset_breaker(
 
 
 @router.get("/projects/{project_ref}/repair-policy")
-async def get_repair_policy(project_ref: str, caller: CallerDep, ctx: CtxDep) -> dict[str, Any]:
+async def get_repair_policy(
+    project_ref: str, caller: Annotated[Caller, Allow(Permission.REPAIR_READ)], ctx: CtxDep
+) -> dict[str, Any]:
     async with ctx.db.session() as session:
         return await policies.get_policy(
             session, caller=caller, project_id=project_ref, default=_default(ctx)
@@ -135,7 +158,10 @@ async def get_repair_policy(project_ref: str, caller: CallerDep, ctx: CtxDep) ->
 
 @router.put("/projects/{project_ref}/repair-policy")
 async def set_repair_policy(
-    project_ref: str, body: RepairPolicyRequest, caller: CallerDep, ctx: CtxDep
+    project_ref: str,
+    body: RepairPolicyRequest,
+    caller: Annotated[Caller, Allow(Permission.POLICY_MANAGE)],
+    ctx: CtxDep,
 ) -> dict[str, Any]:
     async with ctx.db.transaction() as session:
         return await policies.set_policy(
@@ -145,7 +171,10 @@ async def set_repair_policy(
 
 @router.post("/projects/{project_ref}/repair-policy/replay")
 async def replay_repair_policy(
-    project_ref: str, body: ReplayRequest, caller: CallerDep, ctx: CtxDep
+    project_ref: str,
+    body: ReplayRequest,
+    caller: Annotated[Caller, Allow(Permission.REPAIR_READ)],
+    ctx: CtxDep,
 ) -> dict[str, Any]:
     """Dry run: what a policy would have done over the stored findings of the last days.
     Changes nothing."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpufleet.core.access import MANUAL_SOURCE
 from gpufleet.core.clock import utcnow
 from gpufleet.core.enums import EventKind, Role
 from gpufleet.core.errors import Conflict, Forbidden, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Page, Project
 from gpufleet.core.rbac import Permission
-from gpufleet.server.db.tables import MembershipRow, ProjectRow
+from gpufleet.server.db.tables import MembershipRow, ProjectRow, UserRow
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
@@ -34,6 +35,15 @@ async def get_project_row_or_error(
     return row
 
 
+async def get_user_row_or_error(session: AsyncSession, *, ref: str, field: str = "user") -> UserRow:
+    """A user by id or name."""
+    match = or_(UserRow.id == ref, UserRow.name == ref) if is_id(ref) else UserRow.name == ref
+    row = await session.scalar(select(UserRow).where(match))
+    if row is None:
+        raise NotFound(f"user {ref!r} not found", field=field)
+    return row
+
+
 async def list_projects(session: AsyncSession, *, caller: Caller) -> Page[Project]:
     query = select(ProjectRow).order_by(ProjectRow.name)
     visible = caller.visible_project_ids()
@@ -49,13 +59,17 @@ async def create_project(
     caller: Caller,
     name: str,
     description: str,
-    admin_user_id: str | None = None,
+    first_admin: str | None = None,
 ) -> Project:
-    """Only the platform owner creates projects; they name the first admin (default: self)."""
+    """Only the platform owner creates projects; they name the first admin (default: self)
+    by user id or name."""
     if not caller.acts_as_owner:
         raise Forbidden("only the platform owner can create projects")
     if await session.scalar(select(ProjectRow.id).where(ProjectRow.name == name)):
         raise Conflict(f"a project named {name!r} already exists", field="name")
+    admin_id = caller.user_id
+    if first_admin is not None:
+        admin_id = (await get_user_row_or_error(session, ref=first_admin, field="first_admin")).id
     now = utcnow()
     row = ProjectRow(id=new_id(), name=name, description=description, created_at=now)
     session.add(row)
@@ -63,9 +77,10 @@ async def create_project(
     session.add(
         MembershipRow(
             project_id=row.id,
-            user_id=admin_user_id or caller.user_id,
+            user_id=admin_id,
             role=Role.ADMIN.value,
             created_at=now,
+            source=MANUAL_SOURCE,
         )
     )
     record_event(
@@ -83,7 +98,7 @@ async def create_project(
         object_id=row.id,
         project_id=row.id,
         source_ip=caller.source_ip,
-        detail={"name": name},
+        detail={"name": name, "first_admin": admin_id},
     )
     return project_row_to_project(row)
 
