@@ -29,6 +29,7 @@ from gpufleet.core.ids import is_id
 from gpufleet.core.rbac import OWNER_ONLY, Permission
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.tables import (
+    AcceptanceRunRow,
     ApiTokenRow,
     CheckRunRow,
     ClusterRow,
@@ -162,6 +163,17 @@ async def _token(session: AsyncSession, ref: str) -> Scope | None:
     return None if found is None else Scope(found[0], user_id=found[1])
 
 
+async def _acceptance_run(session: AsyncSession, ref: str) -> Scope | None:
+    if not is_id(ref):
+        return None
+    found = await session.scalar(
+        select(ClusterRow.project_id)
+        .join(AcceptanceRunRow, AcceptanceRunRow.cluster_id == ClusterRow.id)
+        .where(AcceptanceRunRow.id == ref)
+    )
+    return None if found is None else Scope(found)
+
+
 # Object kinds a request can name, and where it names them. A route whose path has a
 # parameter that is neither here nor in UNSCOPED_PATH_PARAMS fails the route matrix test.
 RESOLVERS: dict[str, Resolver] = {
@@ -171,6 +183,7 @@ RESOLVERS: dict[str, Resolver] = {
     "repair": _repair,
     "check run": _check_run,
     "token": _token,
+    "acceptance run": _acceptance_run,
 }
 PATH_PARAMS = {
     "project_ref": "project",
@@ -180,6 +193,7 @@ PATH_PARAMS = {
     "check_id": "check run",
     "run_id": "check run",
     "token_id": "token",
+    "acceptance_id": "acceptance run",
 }
 QUERY_PARAMS = {"project": "project", "cluster": "cluster", "node": "node"}
 BODY_FIELDS = {"project": "project", "cluster": "cluster", "cluster_id": "cluster"}

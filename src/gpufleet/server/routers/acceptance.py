@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query, Request, Response, status
 
 import gpufleet.server.services.acceptance as acceptance_services
 from gpufleet.core.acceptance import AcceptanceRun, AcceptanceTrigger
 from gpufleet.core.models import Page
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.acceptance import RunAcceptanceRequest
+from gpufleet.server.services.auth import Caller
 
 router = APIRouter(tags=["acceptance"])
+
+Reader = Annotated[Caller, Allow(Permission.CLUSTER_READ)]
+# Running the suite takes nodes out of the scheduler's hands for a while: admins only.
+Runner = Annotated[Caller, Allow(Permission.NODE_ACTION)]
 
 
 @router.get("/clusters/{cluster_id}/acceptance")
 async def list_acceptance_runs(
     cluster_id: str,
-    caller: CallerDep,
+    caller: Reader,
     ctx: CtxDep,
     trigger: AcceptanceTrigger | None = None,
     cursor: str | None = Query(default=None, max_length=36),
@@ -32,7 +40,7 @@ async def list_acceptance_runs(
 
 @router.post("/clusters/{cluster_id}/acceptance", status_code=status.HTTP_202_ACCEPTED)
 async def run_acceptance(
-    cluster_id: str, body: RunAcceptanceRequest, caller: CallerDep, ctx: CtxDep
+    cluster_id: str, body: RunAcceptanceRequest, caller: Runner, ctx: CtxDep
 ) -> AcceptanceRun:
     """Run the cluster's suite now (admins). The run is carried out in the background;
     poll ``GET /acceptance/{id}``."""
@@ -43,7 +51,7 @@ async def run_acceptance(
 
 
 @router.get("/acceptance/{acceptance_id}")
-async def get_acceptance_run(acceptance_id: str, caller: CallerDep, ctx: CtxDep) -> AcceptanceRun:
+async def get_acceptance_run(acceptance_id: str, caller: Reader, ctx: CtxDep) -> AcceptanceRun:
     async with ctx.db.session() as session:
         return await acceptance_services.get_acceptance_run(
             session, caller=caller, run_id=acceptance_id
@@ -55,7 +63,7 @@ async def get_acceptance_run(acceptance_id: str, caller: CallerDep, ctx: CtxDep)
     responses={200: {"content": {"application/json": {}}}, 304: {}, 409: {}},
 )
 async def get_report_json(
-    acceptance_id: str, request: Request, caller: CallerDep, ctx: CtxDep
+    acceptance_id: str, request: Request, caller: Reader, ctx: CtxDep
 ) -> Response:
     """The report as canonical JSON; ``ETag`` is its SHA-256 (the run's
     ``report_sha256``), so ``sha256sum`` of the download matches it."""
@@ -67,7 +75,7 @@ async def get_report_json(
     responses={200: {"content": {"text/html": {}}}, 304: {}, 409: {}},
 )
 async def get_report_html(
-    acceptance_id: str, request: Request, caller: CallerDep, ctx: CtxDep
+    acceptance_id: str, request: Request, caller: Reader, ctx: CtxDep
 ) -> Response:
     """The report as one self-contained page (no external assets, no scripts); ``ETag``
     is the SHA-256 of the JSON report it renders."""
@@ -75,7 +83,7 @@ async def get_report_html(
 
 
 async def _report(
-    acceptance_id: str, request: Request, caller: CallerDep, ctx: CtxDep, *, as_html: bool
+    acceptance_id: str, request: Request, caller: Reader, ctx: CtxDep, *, as_html: bool
 ) -> Response:
     async with ctx.db.session() as session:
         body, digest = await acceptance_services.get_report(
