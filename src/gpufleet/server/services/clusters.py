@@ -341,23 +341,24 @@ async def update_cluster(
             data={"changed": changed, "reason": request.reason},
             ts=now,
         )
-        record_audit(
-            session,
-            actor=caller.actor,
-            action="cluster.update",
-            object_type="cluster",
-            object_id=row.id,
-            project_id=row.project_id,
-            source_ip=caller.source_ip,
-            # Scripts may hold site details: the audit names that they changed, and their
-            # digest, not their text.
-            detail={
-                "changed": changed,
-                "reason": request.reason,
-                "before": _audit_spec(before),
-                "after": _audit_spec(after),
-            },
-        )
+    # Every mutation is audited, one that changed nothing too (changed: []).
+    record_audit(
+        session,
+        actor=caller.actor,
+        action="cluster.update",
+        object_type="cluster",
+        object_id=row.id,
+        project_id=row.project_id,
+        source_ip=caller.source_ip,
+        # Scripts may hold site details: the audit names that they changed, and their
+        # digest, not their text.
+        detail={
+            "changed": changed,
+            "reason": request.reason,
+            "before": _audit_spec(before),
+            "after": _audit_spec(after),
+        },
+    )
     if "acceptance_tests" in changed:
         _record_opt_out(session, cluster=row, caller=caller, reason=request.reason, now=now)
     counts = await count_nodes(session, cluster_ids=[row.id], staleness_s=staleness_s, now=now)
