@@ -84,6 +84,8 @@ def line_chart(
     """Lines over [start, end]; a missing point or a gap longer than ``gap_s`` breaks
     the line rather than drawing across data that is not there."""
     series = [Series(s.label, _downsample(s.points, start, end)) for s in series]
+    # Averaged buckets are a bucket apart: only a longer silence is a gap.
+    gap_s = max(gap_s, 2.0 * (end - start).total_seconds() / MAX_POINTS)
     values = [v for s in series for _, v in s.points if v is not None]
     legend = [(s.label, f"sw{i % 8}") for i, s in enumerate(series)] if len(series) > 1 else []
     if not values:

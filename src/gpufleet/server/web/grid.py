@@ -67,7 +67,7 @@ def render_grid(grid: HealthGrid, *, base: str) -> Markup:
         label = escape(node_label(node))
         name = f"<b>{escape(node.name)}</b>" if labelled else ""
         append(
-            f'<a class="{node_class(node)}" href="{base}/nodes/{node.id}" '
+            f'<a class="{node_class(node)}" href="{base}/nodes/{escape(node.id)}" '
             f'aria-label="{label}" title="{label}">{name}{cells_markup(node.cells)}</a>'
         )
     return Markup("".join(out))  # noqa: S704 - names and labels are escaped above

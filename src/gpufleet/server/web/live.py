@@ -30,7 +30,14 @@ from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Event
 from gpufleet.server.context import AppContext
-from gpufleet.server.db.tables import ClusterRow, FindingRow, GpuRow, NodeRow, RepairRow
+from gpufleet.server.db.tables import (
+    CheckRunRow,
+    ClusterRow,
+    FindingRow,
+    GpuRow,
+    NodeRow,
+    RepairRow,
+)
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import error_body, status_for
 from gpufleet.server.services.clusters import get_cluster_row_or_error
@@ -141,6 +148,20 @@ async def repair_counts(session: AsyncSession, cluster_id: str) -> tuple[int, st
     return int(pending or 0), f"{total}:{latest.isoformat() if latest else ''}"
 
 
+async def checks_version(session: AsyncSession, cluster_id: str) -> str:
+    """Changes when a check run of the cluster is added, moves or finishes."""
+    total, latest, running = (
+        await session.execute(
+            select(
+                func.count(),
+                func.max(CheckRunRow.updated_at),
+                func.count().filter(CheckRunRow.finished_at.is_(None)),
+            ).where(CheckRunRow.cluster_id == cluster_id)
+        )
+    ).one()
+    return f"{total}:{latest.isoformat() if latest else ''}:{running}"
+
+
 async def node_version(session: AsyncSession, node_id: str) -> str:
     """Changes when what a node's page shows (state, health, GPU health, open findings,
     repairs) changes; not on every report."""
@@ -204,7 +225,10 @@ async def live(
                 )  # fmt: skip
                 events = [e for e in page.items if e.id > after]
             pending, repairs_version = await repair_counts(session, cluster.id)
-            versions = {"repairs": repairs_version}
+            versions = {
+                "repairs": repairs_version,
+                "checks": await checks_version(session, cluster.id),
+            }
             if node:
                 _row, node_cluster = await get_node_row_or_error(
                     session, caller=user.caller, node_id=node

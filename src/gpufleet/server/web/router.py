@@ -10,6 +10,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from gpufleet.server.web import (
+    checks,
     cluster,
     config,
     live,
@@ -23,7 +24,17 @@ from gpufleet.server.web import (
 
 def console_router() -> APIRouter:
     router = APIRouter(include_in_schema=False)
-    for module in (login, overview, cluster, utilization, config, nodes, repairs, live):
+    for module in (
+        login,
+        overview,
+        cluster,
+        utilization,
+        config,
+        nodes,
+        repairs,
+        checks,
+        live,
+    ):
         router.include_router(module.router)
     return router
 

@@ -2,13 +2,12 @@
 
 The API's handlers (``server/errors.py``) turn domain errors into JSON. A console route
 uses ``HtmlRoute`` instead: no session → redirect to the login page; a domain error on a
-page → an error page with the same message and status; on a form POST → back to the page
-the form came from, the message shown there.
+page or a form → an error page with the same message and status (a form's also links back
+to the page it came from).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -21,8 +20,6 @@ from gpufleet.core.errors import GpufleetError
 from gpufleet.server.errors import describe_validation_errors, status_for
 from gpufleet.server.web.session import LoginRequired, login_url, set_flash, take_flash
 from gpufleet.server.web.templating import html_response, render_text
-
-log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 
@@ -55,16 +52,16 @@ def render_page(
     return response
 
 
-def error_page(request: Request, *, status_code: int, message: str) -> Response:
-    user = getattr(request.state, "web_user", None)
+def error_page(request: Request, *, status_code: int, message: str, back: str = "") -> Response:
     return render_page(
         request,
         "error.html",
         {
-            "user": user,
+            "user": None,
             "title": ERROR_TITLES.get(status_code, "Error"),
             "status_code": status_code,
             "message": message,
+            "back": back,
         },
         status_code=status_code,
     )
@@ -92,13 +89,12 @@ class HtmlRoute(APIRoute):
                     set_flash(response, text=exc.message, kind="error")
                 return response
             except GpufleetError as exc:
-                status = status_for(exc)
-                back = getattr(request.state, "form_next", "")
-                if request.method == "POST" and back and status != 403:
-                    response = redirect(back)
-                    set_flash(response, text=exc.message, kind="error")
-                    return response
-                return error_page(request, status_code=status, message=exc.message)
+                # A refused form answers with its real status (the request-audit records
+                # refusals by status) and a way back to the page it came from.
+                back = getattr(request.state, "form_next", "") if request.method == "POST" else ""
+                return error_page(
+                    request, status_code=status_for(exc), message=exc.message, back=back
+                )
             except RequestValidationError as exc:
                 message, _field = describe_validation_errors(list(exc.errors()))
                 return error_page(request, status_code=422, message=message)
