@@ -209,7 +209,12 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
         ),
         # Startup scripts and acceptance runs: right after provisioning, so a pass takes
         # a node that just came up as far as it can go.
-        AcceptanceLoop(deps, interval_s=ctx.settings.reconcile_interval_s, drivers=ctx.drivers),
+        AcceptanceLoop(
+            deps,
+            interval_s=ctx.settings.reconcile_interval_s,
+            drivers=ctx.drivers,
+            failpoints=Failpoints.parse(ctx.settings.failpoints),
+        ),
         HealthLoop(
             deps,
             interval_s=max(ctx.settings.reconcile_interval_s, 2.0),

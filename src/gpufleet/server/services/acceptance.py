@@ -372,9 +372,11 @@ async def settle_cluster_status(
     - every machine up, some node still in acceptance (or an acceptance run open):
       acceptance;
     - no node left to test: ready when ``size`` nodes are in service; failed when every
-      node failed to provision; otherwise degraded, naming the nodes that are out
-      (acceptance failed: cordoned, a repair is recommended; startup script failed: held
-      in provisioning; no machine: failed). Clusters that opted out skip acceptance.
+      node failed to provision; where no node is in service and none is to be repaired
+      (startup scripts failed everywhere), it stays, saying why; otherwise degraded,
+      naming the nodes that are out (acceptance failed: cordoned, a repair is
+      recommended; startup script failed: held in provisioning; no machine: failed).
+      Clusters that opted out skip acceptance.
 
     A cluster that is ready or degraded is left alone here (``settle_degraded``).
     """
@@ -431,6 +433,19 @@ async def settle_cluster_status(
             now,
         )
         _detail(cluster, "", now)
+        return
+    if not in_service and not out:
+        # Nothing usable and nothing to repair: scripts that fail (or machines that never
+        # came) are fixed by a person, then retried. Stay, and say why.
+        detail = "; ".join(
+            p
+            for p in (
+                _held_text(rows, held).removeprefix("; "),
+                f"no machine for {_names(failed)} (provisioning failed)" if failed else "",
+            )
+            if p
+        )
+        _detail(cluster, detail, now)
         return
     parts = []
     if out:

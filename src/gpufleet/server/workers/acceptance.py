@@ -32,6 +32,7 @@ from gpufleet.core.enums import ClusterStatus, NodeState
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.tables import AcceptanceRunRow, ClusterRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.services.acceptance import (
     ACTOR,
     create_acceptance_run,
@@ -58,9 +59,10 @@ class AcceptanceLoop(AcceptanceSteps):
         *,
         interval_s: float,
         drivers: DriverRegistry,
+        failpoints: Failpoints | None = None,
         concurrency: int = 16,
     ) -> None:
-        super().__init__(deps, interval_s=interval_s, drivers=drivers)
+        super().__init__(deps, interval_s=interval_s, drivers=drivers, failpoints=failpoints)
         self._limit = asyncio.Semaphore(concurrency)
 
     async def run_once(self) -> None:
@@ -91,6 +93,8 @@ class AcceptanceLoop(AcceptanceSteps):
         await asyncio.gather(
             *(self._guarded(advance_startup(self.db, i, now=self.clock.now()), i) for i in ids)
         )
+        if ids:
+            self.failpoints.hit("acceptance.startup.after_step")
 
     # -- nodes that entered acceptance --------------------------------------------------
 

@@ -37,6 +37,7 @@ from gpufleet.core.errors import GpufleetError
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.tables import AcceptanceRunRow, CheckRunRow, ClusterRow, GpuRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.services.acceptance import ACTOR, held_by_startup, settle_cluster_status
 from gpufleet.server.services.acceptance_report import (
     CheckEntry,
@@ -64,9 +65,17 @@ FAILING = "fail"  # a node that failed is cordoned (when the failure is pinned o
 
 
 class AcceptanceSteps(LoopService):
-    def __init__(self, deps: LoopDeps, *, interval_s: float, drivers: DriverRegistry) -> None:
+    def __init__(
+        self,
+        deps: LoopDeps,
+        *,
+        interval_s: float,
+        drivers: DriverRegistry,
+        failpoints: Failpoints | None = None,
+    ) -> None:
         super().__init__(deps, interval_s=interval_s)
         self.drivers = drivers
+        self.failpoints = failpoints or Failpoints()
         self.steps = 0
 
     def node_to(
@@ -106,11 +115,7 @@ class AcceptanceSteps(LoopService):
         if cluster.status in (ClusterStatus.DELETING.value, ClusterStatus.DELETED.value):
             await self._finish(run.id, AcceptanceStatus.CANCELLED, "the cluster is being deleted")
             return
-        if (
-            run.trigger == AcceptanceTrigger.PROVISIONING.value
-            and not cluster.acceptance_tests
-            and run.stage == "node"
-        ):
+        if run.trigger == AcceptanceTrigger.PROVISIONING.value and not cluster.acceptance_tests:
             await self._finish(
                 run.id, AcceptanceStatus.CANCELLED, "acceptance tests were turned off"
             )
@@ -142,6 +147,7 @@ class AcceptanceSteps(LoopService):
         new = [n for n in run.node_ids if n not in covered]
         if new or run.status == AcceptanceStatus.PENDING.value:
             await self._start_node_checks(run.id, suite)
+            self.failpoints.hit("acceptance.node.after_start")
             return
         checks = await self._check_rows(entries)
         pending = [e for e in entries if not _ended(checks.get(e.check_run_id))]
@@ -165,6 +171,7 @@ class AcceptanceSteps(LoopService):
         passed = [n for n in run.node_ids if outcomes[n]["outcome"] in PASSING]
         if cluster_checks and len(passed) >= 2:
             await self._start_cluster_checks(run.id, cluster_checks, passed, suite, outcomes)
+            self.failpoints.hit("acceptance.cluster.after_start")
             return
         note = ""
         if cluster_checks:
@@ -479,6 +486,7 @@ class AcceptanceSteps(LoopService):
                         continue  # next pass tries again
                     foreign[node.id] = reason
             resumed.add(node.id)
+        self.failpoints.hit("acceptance.gating.after_resume")
         async with self.db.transaction() as session:
             locked = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
             cluster_row = await session.get(ClusterRow, run.cluster_id, with_for_update=True)
