@@ -7,7 +7,9 @@ agent's side is driven over the real agent endpoints with real node tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +17,9 @@ import pytest
 from apihelpers import create_project, error_of, node_tokens, nodes_of, ready_cluster
 from sqlalchemy import func, select
 
-from gpufleet.core.agent_protocol import script_argv
+from gpufleet.agent.commands import CommandChannel, CommandJournal
+from gpufleet.client.agent import AgentClient
+from gpufleet.core.agent_protocol import AGENT_RESTARTED, NodeCommand, script_argv
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.ids import new_id
 from gpufleet.server.db.tables import AuditLogRow, EventRow, NodeCommandRow
@@ -414,3 +418,89 @@ async def test_members_read_commands_admins_run_them(app: RunningApp) -> None:
             hidden = await stranger.get(f"/api/v1/nodes/{node['id']}/commands{path}")
             assert hidden.status_code == 404, hidden.text
     assert await count(app, NodeCommandRow) == 1
+
+
+async def wait_for_status(
+    app: RunningApp, node_id: str, command_id: str, statuses: set[str], timeout_s: float = 20
+) -> dict[str, Any]:
+    for _ in range(int(timeout_s / 0.05)):
+        record = await record_of(app, node_id, command_id)
+        if record["status"] in statuses and (
+            record["result"] is not None or record["status"] not in {"succeeded", "failed"}
+        ):
+            return record
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"command {command_id} never {statuses}: {record}")
+
+
+async def test_the_agent_channel_runs_what_the_server_queues(
+    app: RunningApp, tmp_path: Path
+) -> None:
+    (node, _), tokens = await two_nodes(app)
+    async with app.anonymous() as http:
+        client = AgentClient(base_url="http://test", node_token=tokens[node["id"]], http=http)
+        channel = CommandChannel(
+            client,
+            CommandJournal(tmp_path),
+            boot_id="agent-1",
+            wait_s=2.0,
+            kill_grace_s=0.3,
+            concurrency=2,
+        )
+        running = asyncio.create_task(channel.run())
+        try:
+            echo = await run(app, node["id"], argv=["echo", "hello"])
+            fail = await run(app, node["id"], argv=script_argv("echo no >&2; exit 3"))
+            slow = await run(app, node["id"], argv=["sleep", "30"], timeout_s=0.5)
+            done = await wait_for_status(app, node["id"], echo["id"], {"succeeded"})
+            assert done["result"]["stdout"] == "hello\n" and done["agent_boot_id"] == "agent-1"
+            failed = await wait_for_status(app, node["id"], fail["id"], {"failed"})
+            assert failed["result"]["exit_code"] == 3 and failed["result"]["stderr"] == "no\n"
+            timed = await wait_for_status(app, node["id"], slow["id"], {"timed_out"})
+            assert timed["result"]["signal"] == 15
+            # A cancel reaches the running command through the poll; it is killed.
+            sleeper = await run(app, node["id"], argv=["sleep", "30"])
+            await wait_for_status(app, node["id"], sleeper["id"], {"sent"})
+            for _ in range(200):
+                if sleeper["id"] in channel.started:
+                    break
+                await asyncio.sleep(0.05)
+            await app.client.post(f"/api/v1/nodes/{node['id']}/commands/{sleeper['id']}/cancel")
+            for _ in range(400):
+                record = await record_of(app, node["id"], sleeper["id"])
+                if record["result"] is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert record["status"] == "cancelled" and record["late_result"] is True
+            assert record["result"]["cancelled"] is True
+            assert channel.journal.ids() == []
+            assert sorted(channel.started) == sorted(
+                [echo["id"], fail["id"], slow["id"], sleeper["id"]]
+            )
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+
+async def test_a_command_an_agent_crash_interrupted_is_reported_failed(
+    app: RunningApp, tmp_path: Path
+) -> None:
+    (node, _), tokens = await two_nodes(app)
+    queued = await run(app, node["id"], argv=["sleep", "300"])
+    [command] = (await poll(app, tokens[node["id"]])).json()["commands"]
+    # The agent journalled it and died before it could start it.
+    CommandJournal(tmp_path).begin(NodeCommand.model_validate(command), boot_id=BOOT)
+    async with app.anonymous() as http:
+        client = AgentClient(base_url="http://test", node_token=tokens[node["id"]], http=http)
+        channel = CommandChannel(client, CommandJournal(tmp_path), boot_id="agent-2", wait_s=1)
+        running = asyncio.create_task(channel.run())
+        try:
+            record = await wait_for_status(app, node["id"], queued["id"], {"failed"})
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    assert record["result"]["error"] == AGENT_RESTARTED
+    assert record["result"]["agent_boot_id"] == "agent-2" and record["deliveries"] == 1
+    assert channel.started == []  # reported, never run again

@@ -7,6 +7,7 @@ spool already holds everything unsent (it is written before anything is sent).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from pathlib import Path
@@ -17,6 +18,7 @@ from gpufleet.agent.collectors.kmsg import KernelLogFollower, make_source
 from gpufleet.agent.collectors.nvml import NvmlCollector
 from gpufleet.agent.collectors.sim import SimCollector
 from gpufleet.agent.collectors.slurm import SlurmCollector
+from gpufleet.agent.commands import CommandChannel, CommandJournal, new_boot_id
 from gpufleet.agent.daemons import DaemonSpec, DaemonSupervisor, SupervisorPolicy
 from gpufleet.agent.detectors import Detector
 from gpufleet.agent.exporter import serve
@@ -162,6 +164,21 @@ def build_agent(
     )
 
 
+def build_command_channel(settings: AgentSettings, client: AgentClient) -> CommandChannel:
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    return CommandChannel(
+        client,
+        CommandJournal(settings.state_dir),
+        boot_id=new_boot_id(),
+        concurrency=settings.command_concurrency,
+        wait_s=settings.command_wait_s,
+        poll_s=settings.command_poll_s,
+        kill_grace_s=settings.command_kill_grace_s,
+        retry_initial_s=settings.retry_initial_s,
+        retry_max_s=settings.retry_max_s,
+    )
+
+
 async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -174,6 +191,11 @@ async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None
         timeout_s=settings.request_timeout_s,
     )
     agent = build_agent(settings, client=client, collectors=collectors, sources=sources)
+    commands = (
+        asyncio.create_task(build_command_channel(settings, client).run(), name="commands")
+        if settings.commands
+        else None
+    )
     server = None
     if settings.metrics_listen:
         server = await serve(agent, listen=settings.metrics_listen, hostname=settings.hostname)
@@ -187,6 +209,10 @@ async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None
     try:
         await agent.run(stop)
     finally:
+        if commands is not None:
+            commands.cancel()  # running commands are killed and recorded failed
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await commands
         if server is not None:
             server.close()
             await server.wait_closed()

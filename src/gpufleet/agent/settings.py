@@ -182,6 +182,45 @@ class AgentSettings(BaseSettings):
             "default: expose it deliberately (0.0.0.0:9404) where Prometheus scrapes nodes."
         ),
     )
+    commands: bool = Field(
+        default=True,
+        description=(
+            "Take commands from the server (active checks, startup scripts) and run them "
+            "as this agent's user, usually root. Off: the node never runs one."
+        ),
+    )
+    command_concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description=(
+            "Commands run at once. 1: checks such as dcgmi diag or gpu_burn need every GPU "
+            "to themselves, and two at once would fail each other."
+        ),
+    )
+    command_wait_s: float = Field(
+        default=20.0,
+        ge=0,
+        le=20,
+        description=(
+            "How long the server holds a command poll open (a long poll): a queued command "
+            "starts within a second at one request per node per 20 s. 0: plain polling "
+            "every command_poll_s."
+        ),
+    )
+    command_poll_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between polls when command_wait_s is 0 (or polls come back at once).",
+    )
+    command_kill_grace_s: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "After a command's timeout (or a cancel) its process group gets SIGTERM, then "
+            "SIGKILL this many seconds later: time for mpirun to stop its ranks."
+        ),
+    )
     retry_initial_s: float = Field(
         default=1.0, gt=0, description="First retry delay while the server is unreachable."
     )

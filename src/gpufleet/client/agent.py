@@ -9,6 +9,10 @@ import httpx
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
 from gpufleet.core.agent_protocol import (
+    MAX_HAVE,
+    CommandPoll,
+    CommandResult,
+    CommandResultAck,
     EventAck,
     EventBatch,
     FindingAck,
@@ -20,6 +24,7 @@ from gpufleet.core.agent_protocol import (
 REPORTS_PATH = "/api/v1/agent/reports"
 FINDINGS_PATH = "/api/v1/agent/findings"
 EVENTS_PATH = "/api/v1/agent/events"
+COMMANDS_PATH = "/api/v1/agent/commands"
 
 
 class AgentClient:
@@ -37,6 +42,7 @@ class AgentClient:
         http: httpx.AsyncClient | None = None,
     ) -> None:
         self._own_http = http is None
+        self._timeout_s = timeout_s
         self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
         self._base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {node_token}"}
@@ -58,6 +64,37 @@ class AgentClient:
         """POST timeline events (ids made by the node; repeats are dropped)."""
         response = await self._post(EVENTS_PATH, batch.model_dump_json(exclude_none=True))
         return EventAck.model_validate_json(response.content)
+
+    async def poll_commands(
+        self, *, boot_id: str, have: list[str], max_commands: int, wait_s: float = 0.0
+    ) -> CommandPoll:
+        """GET the commands to start now (at most ``max_commands``) and the ids in
+        ``have`` to stop. With ``wait_s`` the server holds the poll open until one comes
+        (the request timeout grows by as much)."""
+        params: list[tuple[str, str | int | float | bool | None]] = [
+            ("boot_id", boot_id),
+            ("max", str(max_commands)),
+            ("wait_s", f"{wait_s:g}"),
+            *(("have", h) for h in have[:MAX_HAVE]),
+        ]
+        try:
+            response = await self._http.get(
+                self._base_url + COMMANDS_PATH,
+                params=params,
+                headers=self._headers,
+                timeout=self._timeout_s + wait_s,
+            )
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{self._base_url}: {exc!r}") from exc
+        raise_for_error(response)
+        return CommandPoll.model_validate_json(response.content)
+
+    async def send_command_result(self, result: CommandResult) -> CommandResultAck:
+        """POST how a command ended. Safe to repeat: the server stores it once."""
+        response = await self._post(
+            f"{COMMANDS_PATH}/{result.id}/result", result.model_dump_json(exclude_none=True)
+        )
+        return CommandResultAck.model_validate_json(response.content)
 
     async def _post(self, path: str, body: str) -> httpx.Response:
         try:

@@ -395,16 +395,19 @@ class OutputTail:
     def text(self, limit: int | None = None) -> str:
         """The tail as text, at most ``limit`` bytes of it (default: all kept). A cut
         through a UTF-8 character drops its leftover bytes rather than show U+FFFD."""
+        return self.cut(limit)[0]
+
+    def cut(self, limit: int | None = None) -> tuple[str, bool]:
+        """``text(limit)``, and whether that text leaves out any of the stream."""
         data = bytes(self._buf)
         if limit is not None and len(data) > limit:
             data = data[len(data) - limit :]
-        cut = len(data) < self.total
-        if cut:
+        if len(data) < self.total:
             skip = 0
             while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:
                 skip += 1
             data = data[skip:]
-        return data.decode("utf-8", errors="replace")
+        return data.decode("utf-8", errors="replace"), len(data) < self.total
 
 
 def tail_of(data: bytes | str, limit: int) -> tuple[str, bool, int]:

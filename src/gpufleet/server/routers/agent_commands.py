@@ -93,6 +93,14 @@ async def poll_commands(
 async def _claim(
     ctx: AppContext, token_hash: str, boot_id: str, have: list[str], max_commands: int
 ) -> tuple[str, CommandPoll]:
+    # Shielded: a poll given up while it claims (the agent went away, the server stops)
+    # still ends its transaction cleanly; what it took is handed out again next time.
+    return await asyncio.shield(_claim_now(ctx, token_hash, boot_id, have, max_commands))
+
+
+async def _claim_now(
+    ctx: AppContext, token_hash: str, boot_id: str, have: list[str], max_commands: int
+) -> tuple[str, CommandPoll]:
     async with ctx.db.transaction() as session:
         node, project_id = await node_for_token(session, token_hash=token_hash)
         poll, more = await claim_commands(
