@@ -158,7 +158,9 @@ def judge_run(
             )
         elif out.error:
             extra.append(_fail(ReasonCode.DID_NOT_FINISH, f"{inv.id}: {out.error}"))
-        elif out.exit_code not in (0, None):
+        elif out.exit_code not in (0, None) and verdict["outcome"] != "fail":
+            # A tool that failed says so in its output too (dcgmi exits non-zero on a
+            # failed test); an exit status that contradicts a clean output is the news.
             extra.append(
                 _fail(ReasonCode.CRASHED, f"{inv.id}: {inv.argv[0]} exited {out.exit_code}")
             )

@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
 from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
+from gpufleet.core.check_runs import CheckRun
 from gpufleet.core.enums import (
+    CheckStatus,
     ClusterStatus,
     Health,
     NodeState,
@@ -677,6 +679,63 @@ class ApiClient:
         response = self._send("GET", f"{API}/acceptance/{_segment(run_id)}/report.{fmt}")
         raise_for_error(response)
         return response.content, response.headers.get("etag", "").strip('"')
+
+    # -- active checks --------------------------------------------------------------
+    def run_check(
+        self,
+        *,
+        cluster: str,
+        check: str,
+        nodes: Sequence[str] | None = None,
+        level: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        force: bool = False,
+    ) -> CheckRun:
+        """Run ``check`` (dcgm-diag, nccl, ib-write-bw, gpu-burn) on a cluster's nodes
+        (names or ids; None: every node in service). Returns the run, ``pending``.
+        ``force`` (admins) runs it on nodes that run jobs too; 403 for a member."""
+        body: dict[str, Any] = {"cluster": cluster, "check": check, "force": force}
+        if nodes is not None:
+            body["nodes"] = list(nodes)
+        if level is not None:
+            body["level"] = level
+        if params:
+            body["params"] = dict(params)
+        return CheckRun.model_validate(self._call("POST", f"{API}/checks", body=body))
+
+    def list_checks(
+        self,
+        *,
+        cluster: str | None = None,
+        status: Sequence[CheckStatus] | None = None,
+        kind: str | None = None,
+        parent: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[CheckRun]:
+        """Check runs, newest first, without their ``result`` (``get_check`` has it)."""
+        params = {
+            "cluster": cluster,
+            "status": [s.value for s in status or ()],
+            "kind": kind,
+            "parent": parent,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return self._get(Page[CheckRun], f"{API}/checks", params)
+
+    def get_check(self, run_id: str) -> CheckRun:
+        return CheckRun.model_validate(self._call("GET", f"{API}/checks/{_segment(run_id)}"))
+
+    def check_output(self, run_id: str) -> str:
+        """The run's raw output (every command's, under a header line each)."""
+        response = self._send("GET", f"{API}/checks/{_segment(run_id)}/output")
+        raise_for_error(response)
+        return response.text
+
+    def cancel_check(self, run_id: str) -> CheckRun:
+        path = f"{API}/checks/{_segment(run_id)}/cancel"
+        return CheckRun.model_validate(self._call("POST", path))
 
     # -- lifecycle ------------------------------------------------------------------
     def close(self) -> None:

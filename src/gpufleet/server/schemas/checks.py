@@ -1,15 +1,17 @@
-"""Active check runs: the request body and what the API returns for a run."""
+"""Active check runs: the request body. What the API returns for a run is
+``gpufleet.core.check_runs.CheckRun`` (the client shares it)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
 from gpufleet.checks.models import CheckKind
-from gpufleet.core.enums import CheckStatus
+from gpufleet.core.check_runs import CheckRun, CheckRunNode, SkippedNode
 from gpufleet.server.schemas.common import Request
+
+__all__ = ["CheckRun", "CheckRunNode", "CreateCheckRunRequest", "SkippedNode"]
 
 NodeRef = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 
@@ -25,45 +27,3 @@ class CreateCheckRunRequest(Request):
     params: dict[str, Any] = Field(default_factory=dict)
     # Run on nodes that run jobs too (project admins only). Never the default.
     force: Annotated[bool, Field(strict=True)] = False
-
-
-class CheckRunNode(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    name: str
-
-
-class SkippedNode(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    node_id: str
-    node: str
-    reason: str
-
-
-class CheckRun(BaseModel):
-    """One check run. ``result`` (the verdict per node and GPU, docs/checks.md) is left out
-    of listings; ``GET /checks/{id}`` has it, ``/checks/{id}/output`` the raw output."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    cluster_id: str
-    kind: CheckKind
-    purpose: str
-    parent_id: str | None
-    status: CheckStatus
-    outcome: str | None  # pass | warn | fail once judged
-    params: dict[str, Any]
-    nodes: list[CheckRunNode]
-    skipped: list[SkippedNode]
-    forced: bool
-    backend: str | None
-    requested_by: str | None
-    detail: str
-    result: dict[str, Any] | None = None
-    created_at: dt.datetime
-    started_at: dt.datetime | None
-    finished_at: dt.datetime | None
-    deadline_at: dt.datetime | None

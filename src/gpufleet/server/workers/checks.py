@@ -620,7 +620,8 @@ class CheckRunner(LocalisationSteps, LoopService):
         return tails
 
     async def cleanup_reservations(self) -> list[str]:
-        """Delete stale ``gpufleet-check-*`` reservations on every Slurm cluster."""
+        """Delete stale ``gpufleet-check-*`` reservations of the schedulers that clusters
+        use (a server that died between a job's end and the deletion left them)."""
         async with self.db.session() as session:
             live = set(
                 await session.scalars(
@@ -631,14 +632,20 @@ class CheckRunner(LocalisationSteps, LoopService):
                     )
                 )
             )
+            kinds = set(
+                await session.scalars(
+                    select(ClusterRow.scheduler).where(ClusterRow.deleted_at.is_(None)).distinct()
+                )
+            )
         gone: list[str] = []
-        seen: set[int] = set()
-        for scheduler in self.drivers.schedulers.values():
-            if id(scheduler) in seen or not (
+        for kind in sorted(kinds):
+            if kind not in self.drivers.schedulers:
+                continue
+            scheduler = self.drivers.schedulers[kind]
+            if not (
                 isinstance(scheduler, SupportsJobs) and isinstance(scheduler, SupportsReservations)
             ):
                 continue
-            seen.add(id(scheduler))
             backend = SlurmBackend(
                 scheduler, output_root=self.settings.output_root, users=self.settings.slurm_users
             )

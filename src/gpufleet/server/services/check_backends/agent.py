@@ -10,6 +10,7 @@ in their purpose, so ``start`` after a crash finds the commands it queued before
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,6 +79,15 @@ def output_of(inv_id: str, record: CommandRecord) -> InvocationOutput | None:
     )
 
 
+def _ready_for_follower(before: CommandRecord, now: dt.datetime, delay_s: float) -> bool:
+    """Whether the invocation that must start first (an ib_write_bw server) is far
+    enough along: taken by its agent ``delay_s`` ago (listening by now), or ended well
+    (a simulated server answers at once)."""
+    if before.status is CommandStatus.SENT:
+        return before.sent_at is not None and (now - before.sent_at).total_seconds() >= delay_s
+    return before.status is CommandStatus.SUCCEEDED
+
+
 class AgentBackend:
     name = "agent"
     launcher = Launcher.MPIRUN
@@ -103,12 +113,7 @@ class AgentBackend:
                 if inv.id in records or inv.after is None:
                     continue
                 before = records.get(inv.after)
-                if (
-                    before is not None
-                    and before.status is CommandStatus.SENT
-                    and before.sent_at is not None
-                    and (now - before.sent_at).total_seconds() >= self.client_delay_s
-                ):
+                if before is not None and _ready_for_follower(before, now, self.client_delay_s):
                     await self._enqueue(session, job, inv)
             records = await self._records(session, job)
         outputs: dict[str, InvocationOutput] = {}
@@ -117,7 +122,11 @@ class AgentBackend:
             record = records.get(inv.id)
             if record is None and inv.after is not None:
                 before = records.get(inv.after)
-                if before is not None and before.status in FINAL_COMMAND_STATUSES:
+                if (
+                    before is not None
+                    and before.status in FINAL_COMMAND_STATUSES
+                    and not _ready_for_follower(before, now, self.client_delay_s)
+                ):
                     outputs[inv.id] = InvocationOutput(
                         id=inv.id,
                         error=f"not started: {inv.after} ended first "
