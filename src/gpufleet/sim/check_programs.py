@@ -358,11 +358,7 @@ class Toolbox:
     def ib_write_bw(self, argv: Sequence[str], host: SimHost) -> ProgramResult:
         device = _flag(argv, "-d", "mlx5_0")
         gbits = "--report_gbits" in argv
-        positional = [
-            a
-            for i, a in enumerate(argv[1:], 1)
-            if not a.startswith("-") and not argv[i - 1].startswith("-")
-        ]
+        positional = _positional(argv[1:], takes_value=_IB_VALUE_FLAGS)
         exp = self.expectations
         index = int(device.rsplit("_", 1)[-1]) if device.rsplit("_", 1)[-1].isdigit() else 0
         if not positional:  # the server side: prints its table once the client is done
@@ -446,6 +442,25 @@ def _warning(text: str, error_id: int, category: int, severity: int) -> dict[str
         "error_category": category,
         "error_severity": severity,
     }
+
+
+# perftest options that take a value (the rest are switches: -a, -F, --report_gbits).
+_IB_VALUE_FLAGS = frozenset(
+    {"-d", "-p", "-x", "-q", "-D", "-s", "-n", "-i", "-m", "-t", "-u", "-S", "-I", "-c"}
+)
+
+
+def _positional(args: Sequence[str], *, takes_value: frozenset[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in takes_value
+        else:
+            out.append(arg)
+    return out
 
 
 def _flag(argv: Sequence[str], flag: str, default: str) -> str:
