@@ -4,19 +4,33 @@ output formats with figures that follow injected faults, and the runner judges t
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from apihelpers import error_of
-from checkhelpers import check_fleet
+from asgi_lifespan import LifespanManager
+from checkhelpers import CheckFleet, check_fleet
 from repairhelpers import member_client
 from sqlalchemy import func, select
 
 from gpufleet.checks.localise import rounds_bound
 from gpufleet.checks.models import CheckKind
-from gpufleet.server.db.tables import AuditLogRow, CheckRunRow, ClusterRow, EventRow
+from gpufleet.providers.sim.driver import SimProvider
+from gpufleet.server.app import build_loops, create_app
+from gpufleet.server.db.tables import (
+    AuditLogRow,
+    CheckRunRow,
+    ClusterRow,
+    EventRow,
+    NodeCommandRow,
+)
 from gpufleet.server.services.checks import create_check_run
+from gpufleet.server.workers.checks import CheckRunner
+from gpufleet.testing.app import RunningApp
 
 
 async def test_dcgm_diag_on_a_healthy_node_passes_with_figures(
@@ -130,7 +144,7 @@ async def test_a_busy_node_is_skipped_members_run_on_idle_nodes_admins_force(
 
 async def test_bad_input_is_refused_and_writes_nothing(database_url: str, tmp_path: Path) -> None:
     async with check_fleet(database_url, tmp_path) as fleet:
-        cases = [
+        cases: list[tuple[dict[str, Any], str]] = [
             ({"check": "dcgm-diag", "level": 5}, "level"),
             ({"check": "dcgm-diag", "level": "3"}, "level"),
             ({"check": "memtest"}, "check"),
@@ -281,3 +295,58 @@ async def test_cluster_wide_checks_skip_nothing_for_acceptance(
             )
         done = await fleet.until_ended(row.id)
         assert (done["status"], done["skipped"]) == ("passed", [])
+
+
+async def test_a_restarted_server_resumes_following_a_running_check(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with check_fleet(database_url, tmp_path) as fleet:
+        run = (await fleet.run({"check": "gpu-burn", "nodes": ["train-000", "train-001"]})).json()
+        await fleet.runner.run_once()
+        assert (await fleet.get(run["id"]))["status"] == "running"
+        # The replica dies in the middle of a pass: its claim on the row stays behind.
+        async with fleet.app.ctx.db.transaction() as session:
+            row = await session.get(CheckRunRow, run["id"])
+            assert row is not None
+            row.lock_owner, row.lock_token = "dead-replica", "00000000-0000-7000-8000-00000000dead"
+            row.lock_expires_at = fleet.clock.now() + dt.timedelta(seconds=600)
+        settings, clock = fleet.app.ctx.settings, fleet.clock
+        cluster, nodes, token = fleet.cluster, fleet.nodes, fleet.app.owner_token
+    # A new server on the same store and sim world: its runner waits out the dead claim,
+    # then follows the commands the first one queued (none is queued twice).
+    restarted = create_app(settings, clock=clock)
+    async with (
+        LifespanManager(restarted, startup_timeout=60),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=restarted),
+            base_url="http://test",
+            headers={"Authorization": f"Bearer {token}"},
+        ) as client,
+    ):
+        app = RunningApp(app=restarted, ctx=restarted.state.ctx, client=client, owner_token=token)
+        runner = next(loop for loop in build_loops(app.ctx) if isinstance(loop, CheckRunner))
+        provider = app.ctx.drivers.provider("sim")
+        assert isinstance(provider, SimProvider)
+        again = CheckFleet(
+            app=app,
+            clock=clock,
+            world=provider.world,
+            runner=runner,
+            cluster=cluster,
+            nodes=nodes,
+            boot_id="sim-boot-2",
+        )
+        assert await again.answer() == 2
+        await runner.run_once()
+        assert (await again.get(run["id"]))["status"] == "running"  # still claimed
+        clock.advance(600)
+        await runner.run_once()
+        done = await again.get(run["id"])
+        assert done["status"] == "passed", done["detail"]
+        async with app.ctx.db.session() as session:
+            commands = await session.scalar(
+                select(func.count())
+                .select_from(NodeCommandRow)
+                .where(NodeCommandRow.ref == f"check_run:{run['id']}")
+            )
+        assert commands == 2

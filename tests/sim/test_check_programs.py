@@ -115,7 +115,7 @@ def test_an_ecc_fault_fails_dcgm_on_that_gpu(world: SimWorld, level: int) -> Non
     [node] = result.verdict.nodes
     assert [g.index for g in node.gpus if g.outcome is Outcome.FAIL] == [6]
     if level >= 2:
-        assert "memory" in (result.verdict.figures["failed_tests"] or "")
+        assert "memory" in str(result.verdict.figures["failed_tests"] or "")
 
 
 def test_a_degraded_nvlink_slows_the_node_and_every_ring_through_it(world: SimWorld) -> None:
