@@ -22,9 +22,11 @@ from gpufleet.client.agent import AgentClient
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.core.agent_protocol import GpuSample, NodeIdentity, NodeReport, ReportBatch
 from gpufleet.core.clock import Clock
+from gpufleet.sim.commands import SimCommandState, run_commands
 from gpufleet.sim.faults import SimFault, apply_effects
 from gpufleet.sim.findings import FindingSender, run_sender
 from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance, SimInstanceState
+from gpufleet.sim.programs import PROGRAMS, ProgramRegistry
 from gpufleet.sim.telemetry import (
     GpuTelemetry,
     gpu_model_or_default,
@@ -48,6 +50,7 @@ class FleetStats:
     errors: int  # failed sends (unreachable, 5xx, 4xx) and agent crashes
     unauthorized: int  # 401s (a rotated or revoked node token)
     findings_sent: int = 0  # finding changes the server acknowledged
+    commands_run: int = 0  # commands the agents ran to an end (results may be unsent)
 
 
 class _Counters:
@@ -72,6 +75,7 @@ class SimFleetRunner:
         supervise_interval_s: float = 1.0,
         max_unsent_reports: int = 60,
         seed: int | None = None,
+        programs: ProgramRegistry | None = None,
     ) -> None:
         self._world = world
         self._http = http
@@ -89,6 +93,9 @@ class SimFleetRunner:
         self._wakes: dict[str, asyncio.Event] = {}
         self._faults: dict[str, tuple[SimFault, ...]] = {}
         self._resetting: dict[str, frozenset[int]] = {}  # GPUs off the bus for a reset
+        # Per machine, across its reboots: the commands its agent runs (sim/commands.py).
+        self._programs = programs or PROGRAMS
+        self._commands: dict[str, SimCommandState] = {}
         self._listener: Callable[[str], None] | None = None
 
     def stats(self) -> FleetStats:
@@ -102,6 +109,7 @@ class SimFleetRunner:
             errors=c.errors,
             unauthorized=c.unauthorized,
             findings_sent=c.findings,
+            commands_run=sum(state.finished for state in self._commands.values()),
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -147,6 +155,8 @@ class SimFleetRunner:
         for iid in [i for i in self._senders if i not in live]:
             del self._senders[iid]
             self._wakes.pop(iid, None)
+        for iid in [i for i in self._commands if i not in live]:
+            del self._commands[iid]
         for key, instance in wanted.items():
             if key not in self._tasks:
                 self._tasks[key] = asyncio.create_task(
@@ -187,6 +197,32 @@ class SimFleetRunner:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._findings(instance))
             group.create_task(self._reports(instance))
+            group.create_task(self._run_commands(instance))
+
+    def command_state(self, instance_id: str) -> SimCommandState:
+        return self._commands.setdefault(instance_id, SimCommandState())
+
+    async def _run_commands(self, instance: SimInstance) -> None:
+        iid = instance.instance_id
+        holder = [self._client_for(instance)]
+
+        def on_error(exc: Exception) -> None:
+            self._counters.errors += 1
+            if isinstance(exc, ApiError) and exc.status == 401:
+                self._counters.unauthorized += 1
+                fresh = self._world.get_instance(iid)
+                if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
+                    holder[0] = self._client_for(fresh)
+
+        await run_commands(
+            instance,
+            state=self.command_state(iid),
+            client=lambda: holder[0],
+            world=self._world,
+            programs=self._programs,
+            interval_s=self._interval_s,
+            on_error=on_error,
+        )
 
     async def _findings(self, instance: SimInstance) -> None:
         assert self._http is not None
@@ -292,6 +328,8 @@ class SimFleetRunner:
                 unsent.clear()
                 identity = None
                 interval = ack.report_interval_s if ack.report_interval_s > 0 else interval
+                if ack.commands_waiting:
+                    self.command_state(instance.instance_id).wake.set()
             await asyncio.sleep(interval)
 
 

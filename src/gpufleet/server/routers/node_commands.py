@@ -7,21 +7,28 @@ members go through check runs, which only queue the check programs.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Query, status
 
 import gpufleet.server.services.node_commands as commands_services
 from gpufleet.core.agent_protocol import CommandRecord, CommandStatus
 from gpufleet.core.models import Page
-from gpufleet.server.deps import CallerDep, CtxDep
+from gpufleet.core.rbac import Permission
+from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.node_commands import CancelCommandRequest, RunCommandRequest
+from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/nodes/{node_id}/commands", tags=["commands"])
+
+Reader = Annotated[Caller, Allow(Permission.NODE_READ)]
+Admin = Annotated[Caller, Allow(Permission.NODE_ACTION)]
 
 
 @router.get("")
 async def list_node_commands(
     node_id: str,
-    caller: CallerDep,
+    caller: Reader,
     ctx: CtxDep,
     status: CommandStatus | None = None,
     output: bool = Query(default=True, description="Include each result's stdout/stderr."),
@@ -43,7 +50,7 @@ async def list_node_commands(
 
 @router.get("/{command_id}")
 async def get_node_command(
-    node_id: str, command_id: str, caller: CallerDep, ctx: CtxDep
+    node_id: str, command_id: str, caller: Reader, ctx: CtxDep
 ) -> CommandRecord:
     async with ctx.db.session() as session:
         return await commands_services.get_command(
@@ -53,7 +60,7 @@ async def get_node_command(
 
 @router.post("", status_code=status.HTTP_201_CREATED)
 async def run_node_command(
-    node_id: str, body: RunCommandRequest, caller: CallerDep, ctx: CtxDep
+    node_id: str, body: RunCommandRequest, caller: Admin, ctx: CtxDep
 ) -> CommandRecord:
     """Queue a command for the node's agent; poll the command for its result."""
     async with ctx.db.transaction() as session:
@@ -78,7 +85,7 @@ async def run_node_command(
 async def cancel_node_command(
     node_id: str,
     command_id: str,
-    caller: CallerDep,
+    caller: Admin,
     ctx: CtxDep,
     body: CancelCommandRequest | None = None,
 ) -> CommandRecord:

@@ -272,19 +272,27 @@ async def cancel_command(
         require(caller, Permission.NODE_ACTION, project_id)
     was_sent = row.status == CommandStatus.SENT.value
     why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
-    if (
-        switch_command_status(
-            session,
-            row=row,
-            project_id=project_id,
-            target=CommandStatus.CANCELLED,
-            actor=actor,
-            reason=why,
-            now=now,
-        )
-        and was_sent
-    ):
+    changed = switch_command_status(
+        session,
+        row=row,
+        project_id=project_id,
+        target=CommandStatus.CANCELLED,
+        actor=actor,
+        reason=why,
+        now=now,
+    )
+    if changed and was_sent:
         notify_after_commit(session, row.node_id, pending=False)
+    if not changed:  # asked again: nothing changes, but the ask is on record
+        record_audit(
+            session,
+            actor=actor,
+            action="command.cancel",
+            object_type="node_command",
+            object_id=row.id,
+            project_id=project_id,
+            detail={"status": row.status, "changed": False, "reason": reason},
+        )
     return command_row_to_record(row)
 
 
