@@ -23,6 +23,37 @@ log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-Request-ID"
 MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
+# Mutating routes whose success writes no audit row, and why. Everything else that
+# succeeds with POST/PUT/PATCH/DELETE writes at least one (the test app checks it).
+NOT_AUDITED_PREFIXES = {
+    # What agents send about their node (metrics, findings, events, command output) is
+    # data, not a person's act; the state changes it causes are audited by the one
+    # function each entity changes state through (services/transitions.py).
+    "/api/v1/agent/": "agent ingest: node data, not a user mutation",
+}
+NOT_AUDITED_ROUTES = {
+    ("POST", "/api/v1/projects/{project_ref}/repair-policy/replay"): "a dry run: changes nothing",
+}
+
+
+def route_template(scope: Scope) -> str | None:
+    """The matched route's full path template (``/api/v1/clusters/{cluster_id}``).
+
+    FastAPI keeps included routers as objects, so ``scope["route"]`` holds the path
+    relative to its router; the effective route context has the full one."""
+    context = scope.get("fastapi", {}).get("effective_route_context")
+    path = getattr(context, "path", None) or getattr(scope.get("route"), "path", None)
+    return path if isinstance(path, str) and path else None
+
+
+def is_audited_route(method: str, path_template: str) -> bool:
+    """Whether a successful ``method`` on this route must leave an audit row."""
+    if method not in MUTATING_METHODS:
+        return False
+    if any(path_template.startswith(prefix) for prefix in NOT_AUDITED_PREFIXES):
+        return False
+    return (method, path_template) not in NOT_AUDITED_ROUTES
+
 
 def result_of(status: int) -> str:
     """The audit ``result`` of a refused request."""
@@ -90,9 +121,9 @@ class RequestContext:
         status = int(messages[0]["status"])
         body = b"".join(m.get("body", b"") for m in messages[1:])
         detail: dict[str, Any] = {"status": status, "method": info.method, "path": info.path}
-        route = scope.get("route")
-        if route is not None and getattr(route, "path", None):
-            detail["route"] = f"{info.method} {route.path}"
+        template = route_template(scope)
+        if template is not None:
+            detail["route"] = f"{info.method} {template}"
         try:
             error = json.loads(body).get("error", {})
             # The message of our own error body: it names objects and fields, never a

@@ -460,6 +460,16 @@ async def delete_cluster(session: AsyncSession, *, caller: Caller, cluster_id: s
     row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
     require(caller, Permission.CLUSTER_DELETE, row.project_id)
     if ClusterStatus(row.status) in (ClusterStatus.DELETING, ClusterStatus.DELETED):
+        record_audit(  # asked again: nothing changes, but the ask is on record
+            session,
+            actor=caller.actor,
+            action="cluster.delete",
+            object_type="cluster",
+            object_id=row.id,
+            project_id=row.project_id,
+            source_ip=caller.source_ip,
+            detail={"status": row.status, "changed": False},
+        )
         return cluster_row_to_cluster(row)
     switch_cluster_status(
         session,
