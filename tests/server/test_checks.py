@@ -224,7 +224,7 @@ async def test_ib_write_bw_names_the_node_whose_hca_is_slow(
                 }
             )
         ).json()
-        done = await fleet.until_ended(run["id"], steps=20)
+        done = await fleet.until_ended(run["id"], steps=80)
         assert done["status"] == "failed", done["detail"]
         nodes = done["result"]["nodes"]
         failed = {v["name"] for v in nodes.values() if v["outcome"] == "fail"}

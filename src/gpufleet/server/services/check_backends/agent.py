@@ -99,23 +99,13 @@ class AgentBackend:
 
     async def start(self, job: BackendJob) -> dict[str, Any]:
         async with self.db.transaction() as session:
-            have = await self._records(session, job)
-            for inv in job.plan.invocations:
-                if inv.after is None and inv.id not in have:
-                    await self._enqueue(session, job, inv)
+            await self._advance(session, job, self.clock.now())
         return {"ref": command_ref(job.run_id)}
 
     async def poll(self, job: BackendJob, handles: Mapping[str, Any]) -> Polled:
         now = self.clock.now()
         async with self.db.transaction() as session:
-            records = await self._records(session, job)
-            for inv in job.plan.invocations:
-                if inv.id in records or inv.after is None:
-                    continue
-                before = records.get(inv.after)
-                if before is not None and _ready_for_follower(before, now, self.client_delay_s):
-                    await self._enqueue(session, job, inv)
-            records = await self._records(session, job)
+            records = await self._advance(session, job, now)
         outputs: dict[str, InvocationOutput] = {}
         waiting = 0
         for inv in job.plan.invocations:
@@ -164,6 +154,51 @@ class AgentBackend:
                 if output is not None:
                     outputs[inv_id] = output
         return outputs
+
+    async def _advance(
+        self, session: AsyncSession, job: BackendJob, now: dt.datetime
+    ) -> dict[str, CommandRecord]:
+        """Queue what may start now; returns every command of the run.
+
+        An agent runs one command at a time by default (``command_concurrency``), so a
+        node gets the next command of a run only once its last one ended. An
+        ib_write_bw server starts only when its client's node is free too, and that node
+        is kept for the client (which follows once the server listens): a ring of
+        servers each waiting for a client stuck behind another server cannot form.
+        """
+        records = await self._records(session, job)
+        invocations = job.plan.invocations
+        follower = {i.after: i for i in invocations if i.after is not None}
+        busy = {
+            records[i.id].node_id
+            for i in invocations
+            if i.id in records and records[i.id].status not in FINAL_COMMAND_STATUSES
+        }
+        kept = {
+            job.node_ids[f.node]
+            for f in follower.values()
+            if f.after in records and f.id not in records
+        }
+        for inv in invocations:
+            if inv.id in records:
+                continue
+            node = job.node_ids[inv.node]
+            if inv.after is not None:
+                before = records.get(inv.after)
+                if before is None or not _ready_for_follower(before, now, self.client_delay_s):
+                    continue
+                if node in busy and node != before.node_id:
+                    continue
+            else:
+                partner = follower.get(inv.id)
+                nodes = {node} | ({job.node_ids[partner.node]} if partner else set())
+                if nodes & (busy | kept):
+                    continue
+                if partner is not None:
+                    kept.add(job.node_ids[partner.node])
+            await self._enqueue(session, job, inv)
+            busy.add(node)
+        return await self._records(session, job)
 
     async def _records(self, session: AsyncSession, job: BackendJob) -> dict[str, CommandRecord]:
         records = await list_commands(session, ref=command_ref(job.run_id))
