@@ -33,6 +33,7 @@ from gpufleet.server.db.tables import (
     ApiTokenRow,
     CheckRunRow,
     ClusterRow,
+    NodeCommandRow,
     NodeRow,
     ProjectRow,
     RepairRow,
@@ -130,26 +131,20 @@ async def _node(session: AsyncSession, ref: str) -> Scope | None:
     return None if found is None else Scope(found)
 
 
-async def _repair(session: AsyncSession, ref: str) -> Scope | None:
-    if not is_id(ref):
-        return None
-    found = await session.scalar(
-        select(ClusterRow.project_id)
-        .join(RepairRow, RepairRow.cluster_id == ClusterRow.id)
-        .where(RepairRow.id == ref)
-    )
-    return None if found is None else Scope(found)
+def _in_cluster(row: Any) -> Resolver:
+    """For objects that belong to one cluster (repairs, check runs, commands...)."""
 
+    async def resolve(session: AsyncSession, ref: str) -> Scope | None:
+        if not is_id(ref):
+            return None
+        found = await session.scalar(
+            select(ClusterRow.project_id)
+            .join(row, row.cluster_id == ClusterRow.id)
+            .where(row.id == ref)
+        )
+        return None if found is None else Scope(found)
 
-async def _check_run(session: AsyncSession, ref: str) -> Scope | None:
-    if not is_id(ref):
-        return None
-    found = await session.scalar(
-        select(ClusterRow.project_id)
-        .join(CheckRunRow, CheckRunRow.cluster_id == ClusterRow.id)
-        .where(CheckRunRow.id == ref)
-    )
-    return None if found is None else Scope(found)
+    return resolve
 
 
 async def _token(session: AsyncSession, ref: str) -> Scope | None:
@@ -163,27 +158,17 @@ async def _token(session: AsyncSession, ref: str) -> Scope | None:
     return None if found is None else Scope(found[0], user_id=found[1])
 
 
-async def _acceptance_run(session: AsyncSession, ref: str) -> Scope | None:
-    if not is_id(ref):
-        return None
-    found = await session.scalar(
-        select(ClusterRow.project_id)
-        .join(AcceptanceRunRow, AcceptanceRunRow.cluster_id == ClusterRow.id)
-        .where(AcceptanceRunRow.id == ref)
-    )
-    return None if found is None else Scope(found)
-
-
 # Object kinds a request can name, and where it names them. A route whose path has a
 # parameter that is neither here nor in UNSCOPED_PATH_PARAMS fails the route matrix test.
 RESOLVERS: dict[str, Resolver] = {
     "project": _project,
     "cluster": _cluster,
     "node": _node,
-    "repair": _repair,
-    "check run": _check_run,
+    "repair": _in_cluster(RepairRow),
+    "check run": _in_cluster(CheckRunRow),
+    "command": _in_cluster(NodeCommandRow),
+    "acceptance run": _in_cluster(AcceptanceRunRow),
     "token": _token,
-    "acceptance run": _acceptance_run,
 }
 PATH_PARAMS = {
     "project_ref": "project",
@@ -192,15 +177,14 @@ PATH_PARAMS = {
     "repair_id": "repair",
     "check_id": "check run",
     "run_id": "check run",
-    "token_id": "token",
+    "command_id": "command",
     "acceptance_id": "acceptance run",
+    "token_id": "token",
 }
 QUERY_PARAMS = {"project": "project", "cluster": "cluster", "node": "node"}
 BODY_FIELDS = {"project": "project", "cluster": "cluster", "cluster_id": "cluster"}
 # Path parameters looked up inside a project the path already names (or not objects).
-UNSCOPED_PATH_PARAMS = frozenset(
-    {"user_ref", "volume_ref", "signature", "command_id"}  # command_id: within its node_id
-)
+UNSCOPED_PATH_PARAMS = frozenset({"user_ref", "volume_ref", "signature"})
 
 
 @dataclass(frozen=True)
