@@ -83,8 +83,8 @@ async def test_node_actions_and_repair_decisions_work_without_javascript(
     # Approve one recommendation, dismiss another, through the console's forms.
     await fleet.inject("train-001", "xid-79")
     first = await fleet.until(lambda: fleet.proposed_for("train-001"), what="a proposal")
-    await fleet.inject("train-003", "xid-79")
-    second = await fleet.until(lambda: fleet.proposed_for("train-003"), what="a proposal")
+    await fleet.inject("train-000", "xid-79")
+    second = await fleet.until(lambda: fleet.proposed_for("train-000"), what="a proposal")
     assert (await admin.get(f"{base}/repairs/{first['id']}/approve")).status_code == 200
     approved = await admin.post(
         f"{base}/repairs/{first['id']}/approve",

@@ -10,7 +10,7 @@ import httpx
 from webhelpers import NO_EVENT, Fleet
 
 from gpufleet.server.services.health_grid import CELL_OF_HEALTH
-from gpufleet.server.web.live import grid_cache
+from gpufleet.server.web.live import GridCache
 
 
 async def _poll(client: httpx.AsyncClient, fleet: Fleet, **params: str) -> dict[str, Any]:
@@ -24,7 +24,7 @@ async def _poll(client: httpx.AsyncClient, fleet: Fleet, **params: str) -> dict[
 async def test_a_fault_changes_one_cell_and_arrives_as_an_event(
     fleet: Fleet, admin: httpx.AsyncClient
 ) -> None:
-    grid_cache(fleet.app.app).ttl_s = 0.0  # no caching between polls in this test
+    fleet.app.app.state.console_grids = GridCache(ttl_s=0.0)  # every poll reads the store
     page = (await admin.get(f"/clusters/{fleet.cluster_id}/health")).text
     etag = re.search(r'data-etag="([0-9a-f]+)"', page)
     after = re.search(r'data-after="([0-9a-f-]+)"', page)
@@ -59,18 +59,18 @@ async def test_a_fault_changes_one_cell_and_arrives_as_an_event(
 async def test_versions_tell_the_page_what_to_refresh(
     fleet: Fleet, admin: httpx.AsyncClient
 ) -> None:
-    node = fleet.nodes["train-003"]["id"]
+    node = fleet.nodes["train-000"]["id"]
     before = await _poll(admin, fleet, after=NO_EVENT, node=node)
     assert "etag" not in before  # no grid asked for, none read
-    await fleet.inject("train-003", "xid-79")
-    await fleet.until(lambda: fleet.proposed_for("train-003"), what="a proposal")
+    await fleet.inject("train-000", "xid-79")
+    await fleet.until(lambda: fleet.proposed_for("train-000"), what="a proposal")
     after = await _poll(admin, fleet, after=NO_EVENT, node=node)
     assert after["versions"]["repairs"] != before["versions"]["repairs"]
     assert after["versions"]["node"] != before["versions"]["node"]
     assert after["pending_repairs"] == 1
     # Events can be filtered like the Events tab: only this node's.
     others = await _poll(admin, fleet, after=NO_EVENT, node=fleet.nodes["train-002"]["id"])
-    assert all("train-003" not in e for e in others["events"])
+    assert all("train-000" not in e for e in others["events"])
 
 
 async def test_bad_poll_parameters_are_refused(fleet: Fleet, admin: httpx.AsyncClient) -> None:

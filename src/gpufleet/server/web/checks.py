@@ -96,7 +96,7 @@ async def run_check(cluster_id: str, request: Request, ctx: CtxDep, user: WebUse
             session, caller=user.caller, request=body, now=ctx.clock.now()
         )
     response = redirect(f"{base}/checks/{run.id}")
-    set_flash(response, text=f"{run.kind.value} started on {len(run.nodes)} node(s).")
+    set_flash(response, text=f"{run.kind} started on {len(run.nodes)} node(s).")
     return response
 
 

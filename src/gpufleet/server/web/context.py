@@ -6,16 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.enums import RepairStatus
 from gpufleet.core.models import Cluster
 from gpufleet.core.rbac import Permission
-from gpufleet.server.db.tables import ClusterRow, ProjectRow, RepairRow
+from gpufleet.server.db.tables import ClusterRow, ProjectRow
 from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import cluster_row_to_cluster, get_cluster_row_or_error
 from gpufleet.server.web.session import WebUser
+from gpufleet.server.web.versions import checks_version, cluster_version, repair_counts
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,7 @@ class ClusterPage:
     project: ProjectRow
     can: dict[str, bool]
     pending_repairs: int
+    versions: dict[str, str]
 
     def context(self, user: WebUser, tab: str, **extra: Any) -> dict[str, Any]:
         return {
@@ -65,6 +65,7 @@ class ClusterPage:
             "tabs": TABS,
             "tab": tab,
             "pending_repairs": self.pending_repairs,
+            "versions": self.versions,
             "base": f"/clusters/{self.cluster.id}",
             **extra,
         }
@@ -77,15 +78,17 @@ async def load_cluster_page(
     row = await get_cluster_row_or_error(session, caller=user.caller, cluster_id=cluster_id)
     project = await session.get(ProjectRow, row.project_id)
     assert project is not None  # clusters reference their project (RESTRICT)
-    pending = await session.scalar(
-        select(func.count())
-        .select_from(RepairRow)
-        .where(RepairRow.cluster_id == row.id, RepairRow.status == RepairStatus.PROPOSED.value)
-    )
+    pending, repairs = await repair_counts(session, row.id)
     return ClusterPage(
         row=row,
         cluster=cluster_row_to_cluster(row),
         project=project,
         can=permissions(user.caller, row.project_id),
-        pending_repairs=int(pending or 0),
+        pending_repairs=pending,
+        # What the page shows was read at these versions; the live poll compares its own.
+        versions={
+            "repairs": repairs,
+            "checks": await checks_version(session, row.id),
+            "cluster": cluster_version(row),
+        },
     )

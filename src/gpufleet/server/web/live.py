@@ -14,29 +14,21 @@ people watch, a cluster's grid is read about once a second: grids are cached for
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 import gpufleet.server.services.events as events_services
-from gpufleet.core.enums import EventKind, RepairStatus
+from gpufleet.core.enums import EventKind
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Event
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.tables import (
-    CheckRunRow,
     ClusterRow,
-    FindingRow,
-    GpuRow,
-    NodeRow,
-    RepairRow,
 )
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import error_body, status_for
@@ -46,6 +38,12 @@ from gpufleet.server.services.nodes import get_node_row_or_error
 from gpufleet.server.web.grid import attention, gpu_problems, grid_changes, render_grid
 from gpufleet.server.web.session import LoginRequired, web_user
 from gpufleet.server.web.templating import render_text
+from gpufleet.server.web.versions import (
+    checks_version,
+    cluster_version,
+    node_version,
+    repair_counts,
+)
 
 router = APIRouter(include_in_schema=False)
 
@@ -130,69 +128,6 @@ def events_html(events: list[Event], *, base: str) -> list[str]:
     return [render_text("_event.html", {"e": e, "base": base}) for e in events]
 
 
-async def repair_counts(session: AsyncSession, cluster_id: str) -> tuple[int, str]:
-    """(repairs waiting for approval, a version that changes whenever any repair of the
-    cluster changes: every status change and progress note bumps ``updated_at``)."""
-    pending = await session.scalar(
-        select(func.count())
-        .select_from(RepairRow)
-        .where(RepairRow.cluster_id == cluster_id, RepairRow.status == RepairStatus.PROPOSED.value)
-    )
-    total, latest = (
-        await session.execute(
-            select(func.count(), func.max(RepairRow.updated_at)).where(
-                RepairRow.cluster_id == cluster_id
-            )
-        )
-    ).one()
-    return int(pending or 0), f"{total}:{latest.isoformat() if latest else ''}"
-
-
-async def checks_version(session: AsyncSession, cluster_id: str) -> str:
-    """Changes when a check run of the cluster is added, moves or finishes."""
-    total, latest, running = (
-        await session.execute(
-            select(
-                func.count(),
-                func.max(CheckRunRow.updated_at),
-                func.count().filter(CheckRunRow.finished_at.is_(None)),
-            ).where(CheckRunRow.cluster_id == cluster_id)
-        )
-    ).one()
-    return f"{total}:{latest.isoformat() if latest else ''}:{running}"
-
-
-async def node_version(session: AsyncSession, node_id: str) -> str:
-    """Changes when what a node's page shows (state, health, GPU health, open findings,
-    repairs) changes; not on every report."""
-    node = (
-        await session.execute(
-            select(NodeRow.state, NodeRow.health, NodeRow.updated_at).where(NodeRow.id == node_id)
-        )
-    ).one_or_none()
-    gpus = (
-        await session.execute(
-            select(GpuRow.index, GpuRow.health).where(
-                GpuRow.node_id == node_id, GpuRow.removed_at.is_(None)
-            )
-        )
-    ).all()
-    findings = (
-        await session.execute(
-            select(func.count(), func.max(FindingRow.last_seen)).where(
-                FindingRow.node_id == node_id, FindingRow.cleared_at.is_(None)
-            )
-        )
-    ).one()
-    repairs = (
-        await session.execute(
-            select(func.count(), func.max(RepairRow.updated_at)).where(RepairRow.node_id == node_id)
-        )
-    ).one()
-    parts = [repr(node), repr(sorted(gpus)), repr(tuple(findings)), repr(tuple(repairs))]
-    return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
-
-
 @router.get("/clusters/{cluster_id}/live")
 async def live(
     cluster_id: str,
@@ -228,6 +163,7 @@ async def live(
             versions = {
                 "repairs": repairs_version,
                 "checks": await checks_version(session, cluster.id),
+                "cluster": cluster_version(cluster),
             }
             if node:
                 _row, node_cluster = await get_node_row_or_error(

@@ -31,6 +31,7 @@ from gpufleet.server.web.charts import node_charts
 from gpufleet.server.web.context import ClusterPage, load_cluster_page
 from gpufleet.server.web.routing import HtmlRoute, redirect, render_page
 from gpufleet.server.web.session import WebUser, WebUserDep, first, read_form, set_flash
+from gpufleet.server.web.versions import node_version
 
 router = APIRouter(route_class=HtmlRoute, include_in_schema=False)
 
@@ -215,6 +216,7 @@ async def node_page(
             session, node_id=node.id, since=now - HISTORY_WINDOWS[window], until=now
         )
         node_row = await session.get(NodeRow, node.id)
+        versions = {**page.versions, "node": await node_version(session, node.id)}
     assert node_row is not None
     jobs = await repairs_services.jobs_on_node(ctx.drivers, cluster=page.row, node=node_row)
     repairing = any(r.status.value in _ACTIVE for r in repairs.items)
@@ -240,6 +242,7 @@ async def node_page(
             windows=list(HISTORY_WINDOWS),
             node_url=f"{base}/nodes/{node.id}",
             now=now,
+            versions=versions,
         ),
     )
 

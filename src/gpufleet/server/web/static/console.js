@@ -229,7 +229,7 @@
       }
     };
 
-    const versions = {};
+    const versions = JSON.parse(panel.dataset.versions || "{}"); // what the page shows
     // Parts of the page marked data-refresh="<key>" are fetched again (the whole page,
     // parsed, those parts swapped in) when the server says their data changed.
     const refreshParts = async (keys) => {

@@ -1,0 +1,88 @@
+"""Versions of what a page shows: small reads whose answer changes when the data behind
+a part of a page changes. A page is rendered with them; the live poll returns them again,
+and the page's script fetches the page anew for the parts whose version moved."""
+
+from __future__ import annotations
+
+import hashlib
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpufleet.core.enums import RepairStatus
+from gpufleet.server.db.tables import (
+    CheckRunRow,
+    ClusterRow,
+    FindingRow,
+    GpuRow,
+    NodeRow,
+    RepairRow,
+)
+
+
+async def repair_counts(session: AsyncSession, cluster_id: str) -> tuple[int, str]:
+    """(repairs waiting for approval, a version that changes whenever any repair of the
+    cluster changes: every status change and progress note bumps ``updated_at``)."""
+    pending = await session.scalar(
+        select(func.count())
+        .select_from(RepairRow)
+        .where(RepairRow.cluster_id == cluster_id, RepairRow.status == RepairStatus.PROPOSED.value)
+    )
+    total, latest = (
+        await session.execute(
+            select(func.count(), func.max(RepairRow.updated_at)).where(
+                RepairRow.cluster_id == cluster_id
+            )
+        )
+    ).one()
+    return int(pending or 0), f"{total}:{latest.isoformat() if latest else ''}"
+
+
+async def checks_version(session: AsyncSession, cluster_id: str) -> str:
+    """Changes when a check run of the cluster is added, moves or finishes."""
+    total, latest, running = (
+        await session.execute(
+            select(
+                func.count(),
+                func.max(CheckRunRow.updated_at),
+                func.count().filter(CheckRunRow.finished_at.is_(None)),
+            ).where(CheckRunRow.cluster_id == cluster_id)
+        )
+    ).one()
+    return f"{total}:{latest.isoformat() if latest else ''}:{running}"
+
+
+async def node_version(session: AsyncSession, node_id: str) -> str:
+    """Changes when what a node's page shows (state, health, GPU health, open findings,
+    repairs) changes; not on every report."""
+    node = (
+        await session.execute(
+            select(NodeRow.state, NodeRow.health, NodeRow.updated_at).where(NodeRow.id == node_id)
+        )
+    ).one_or_none()
+    gpus = (
+        await session.execute(
+            select(GpuRow.index, GpuRow.health).where(
+                GpuRow.node_id == node_id, GpuRow.removed_at.is_(None)
+            )
+        )
+    ).all()
+    findings = (
+        await session.execute(
+            select(func.count(), func.max(FindingRow.last_seen)).where(
+                FindingRow.node_id == node_id, FindingRow.cleared_at.is_(None)
+            )
+        )
+    ).one()
+    repairs = (
+        await session.execute(
+            select(func.count(), func.max(RepairRow.updated_at)).where(RepairRow.node_id == node_id)
+        )
+    ).one()
+    parts = [repr(node), repr(sorted(gpus)), repr(tuple(findings)), repr(tuple(repairs))]
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
+
+
+def cluster_version(cluster: ClusterRow) -> str:
+    """Changes with what a cluster page's header shows: status and health."""
+    return f"{cluster.status}|{cluster.health}|{cluster.status_detail}"
