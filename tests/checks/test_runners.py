@@ -126,7 +126,7 @@ def test_ib_write_bw_pairs_every_node_as_client_and_server_per_hca() -> None:
         ).invocations
         if i.judged and i.hca == "mlx5_0"
     ]
-    assert srun_client.argv[:8] == ("srun", "-N", "1", "-n", "1", "-w", "gpu-000", "--exact")
+    assert srun_client.argv[:8] == ("srun", "-N", "1", "-n", "1", "-w", "gpu-000", "--overlap")
     assert srun_client.peer == "gpu-000"  # one node: loopback through its own HCA
 
 

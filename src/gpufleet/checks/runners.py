@@ -270,8 +270,10 @@ def mpirun_multi_node(
 
 
 def srun_on_node(node: str) -> tuple[str, ...]:
-    """One task on one node of the job, with all of the job's GPUs there."""
-    return ("srun", "-N", "1", "-n", "1", "-w", node, "--exact")
+    """One task on one node of the job, with all of the job's GPUs there. ``--overlap``:
+    steps on one node run side by side (an ib_write_bw server and client per HCA), each
+    seeing the whole allocation (dcgmi needs every GPU)."""
+    return ("srun", "-N", "1", "-n", "1", "-w", node, "--overlap")
 
 
 # -- plans ------------------------------------------------------------------------------

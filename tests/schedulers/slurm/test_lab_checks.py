@@ -149,3 +149,32 @@ async def test_a_hung_check_is_killed_at_its_timeout_and_fails(
         assert f"gpufleet-check-{run['id']}" not in reservations(slurm_lab)
         findings = await fleet.findings("lab-003", open=True)
         assert [f["signature_id"] for f in findings] == ["check-gpu-burn-failed"]
+
+
+async def test_ib_write_bw_pairs_run_as_parallel_steps_of_one_job(
+    slurm_lab: SlurmLab, database_url: str, tmp_path: Path
+) -> None:
+    recorded = FIXTURE.parent / "ib-write-bw-ndr-reference.txt"
+    # Servers print nothing judged; clients print a recorded NDR run naming their HCA.
+    stand_in = ["sh", "-c", f"sed 's/mlx5_0/{{hca}}/' {recorded}"]
+    async with lab_fleet(
+        slurm_lab, database_url, tmp_path, checks_stand_in={"ib-write-bw": stand_in}
+    ) as fleet:
+        run = await run_check(
+            fleet,
+            {
+                "nodes": ["lab-001", "lab-003"],
+                "check": "ib-write-bw",
+                "params": {"hcas": ["mlx5_0", "mlx5_1"], "fabric": "NDR"},
+            },
+        )
+        done = await wait_status(fleet, run["id"], ENDED)
+        assert done["status"] == "passed", done["result"]["invocations"]
+        nodes = done["result"]["nodes"]
+        for name, peer in (("lab-001", "lab-003"), ("lab-003", "lab-001")):
+            hcas = nodes[fleet.nodes[name]["id"]]["hcas"]
+            assert sorted(hcas) == ["mlx5_0", "mlx5_1"]
+            assert {h["peer"] for h in hcas.values()} == {peer}
+            assert [h["bw_avg_gbits"] for h in hcas.values()] == [pytest.approx(388.77)] * 2
+        invocations = done["result"]["invocations"]
+        assert len(invocations) == 8 and all(i["exit_code"] == 0 for i in invocations)
