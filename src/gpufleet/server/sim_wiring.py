@@ -8,6 +8,7 @@ from gpufleet.core.clock import Clock
 from gpufleet.providers.sim.config import SimProviderConfig
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.schedulers.sim.driver import SimScheduler
+from gpufleet.server.services.check_backends.sim_tools import register_check_programs
 from gpufleet.server.settings import ServerSettings
 from gpufleet.sim.agents import SimFleetRunner
 from gpufleet.sim.faults import FaultConfig
@@ -28,6 +29,7 @@ class SimBundle:
 def build_sim(settings: ServerSettings, *, clock: Clock) -> SimBundle:
     """One world per data dir; it survives restarts like a real cloud would."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    register_check_programs()  # the simulated nodes' dcgmi, all_reduce_perf, ... (docs/checks.md)
     world = SimWorld(
         settings.data_dir / WORLD_FILE,
         clock=clock,

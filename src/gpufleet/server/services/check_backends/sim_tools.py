@@ -9,12 +9,16 @@ this module, above both, hands them in.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from gpufleet.checks.thresholds import ThresholdTable, get_thresholds
-from gpufleet.sim.check_programs import CheckExpectations, SimHost, Toolbox
+from gpufleet.sim.check_programs import CheckExpectations, ProgramResult, SimHost, Toolbox
+from gpufleet.sim.models import SimInstance
+from gpufleet.sim.programs import PROGRAMS, ProgramContext, ProgramRegistry
 from gpufleet.sim.world import SimWorld
 
 SIM_FABRIC = "NDR"  # the sim models 8 × NDR 400 Gb/s per node
+TOOLS = ("dcgmi", "all_reduce_perf", "mpirun", "ib_write_bw", "gpu_burn")
 
 
 def expectations_from(table: ThresholdTable | None = None) -> CheckExpectations:
@@ -60,3 +64,36 @@ def toolbox_for(
         resolve=lambda ref: sim_host(world, cluster_id=cluster_id, ref=ref),
         rng=rng or random.Random(),  # noqa: S311 - simulated noise, not security
     )
+
+
+def register_check_programs(
+    registry: ProgramRegistry | None = None, *, expectations: CheckExpectations | None = None
+) -> None:
+    """Make simulated nodes run the check tools (``sim/programs.py``'s registry; every
+    ``SimFleetRunner`` uses ``PROGRAMS`` unless given its own). Idempotent."""
+    program = _program(expectations or expectations_from())
+    for name in TOOLS:
+        (registry or PROGRAMS).register(name, program)
+
+
+def _program(expectations: CheckExpectations) -> Callable[[ProgramContext], ProgramResult]:
+    def run(ctx: ProgramContext) -> ProgramResult:
+        def host(inst: SimInstance) -> SimHost:
+            return SimHost(
+                name=inst.node_name,
+                hostname=inst.hostname,
+                gpu_model=inst.gpu_model,
+                gpu_count=inst.gpu_count,
+                faults=ctx.faults_of(inst),
+                serials=tuple(g.serial for g in inst.gpus),
+            )
+
+        def resolve(ref: str) -> SimHost | None:
+            inst = ctx.peer(ref)
+            return None if inst is None else host(inst)
+
+        # Seeded by the command: a resend of the same command prints the same figures.
+        rng = random.Random(ctx.command_id)  # noqa: S311 - simulated noise, not security
+        return Toolbox(expectations, resolve, rng).run(list(ctx.argv), host=host(ctx.instance))
+
+    return run
