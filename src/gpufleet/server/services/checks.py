@@ -379,17 +379,16 @@ async def cancel_check_run(
         locked.progress = {**(locked.progress or {}), "cancel": f"cancelled by {caller.actor}"}
         locked.detail = f"cancelling (asked by {caller.actor})"
         locked.updated_at = now
-    if was not in ENDED:
-        record_audit(
-            session,
-            actor=caller.actor,
-            action="check.cancel",
-            object_type="check_run",
-            object_id=locked.id,
-            project_id=cluster.project_id,
-            source_ip=caller.source_ip,
-            detail={"from": was.value},
-        )
+    record_audit(  # an ended run changes nothing, but the ask is on record too
+        session,
+        actor=caller.actor,
+        action="check.cancel",
+        object_type="check_run",
+        object_id=locked.id,
+        project_id=cluster.project_id,
+        source_ip=caller.source_ip,
+        detail={"from": was.value, "changed": was not in ENDED},
+    )
     return await check_run_to_model(session, locked, with_result=True)
 
 

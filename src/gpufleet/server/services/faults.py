@@ -158,8 +158,8 @@ async def clear_fault(
         )
     except DriverError as exc:
         raise Conflict(f"cannot clear a fault on node {node.name}: {exc}") from None
+    detail = {"signature": signature.id, "fault_ids": [f.fault_id for f in cleared]}
     if cleared:
-        detail = {"signature": signature.id, "fault_ids": [f.fault_id for f in cleared]}
         await _record(
             db,
             caller=caller,
@@ -170,6 +170,18 @@ async def clear_fault(
             message=f"node {node.name}: fault {signature.id} cleared by {caller.actor}",
             detail=detail,
         )
+    else:  # nothing to clear: no event, but the ask is on record
+        async with db.transaction() as session:
+            record_audit(
+                session,
+                actor=caller.actor,
+                action="node.fault.clear",
+                object_type="node",
+                object_id=node.id,
+                project_id=cluster.project_id,
+                source_ip=caller.source_ip,
+                detail=detail,
+            )
     return [_to_fault(f, node=node, world=world, title=signature.title) for f in cleared]
 
 

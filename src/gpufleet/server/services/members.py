@@ -44,7 +44,7 @@ async def list_members(session: AsyncSession, *, caller: Caller, project_ref: st
         .where(MembershipRow.project_id == project.id)
         .order_by(UserRow.name)
     )
-    return [member_of(m, u) for m, u in rows.tuples()]
+    return [member_of(m, u) for m, u in rows]
 
 
 async def _locked_project(session: AsyncSession, *, caller: Caller, project_ref: str) -> ProjectRow:

@@ -383,6 +383,16 @@ def reset_breaker(
 ) -> bool:
     require(caller, Permission.POLICY_MANAGE, cluster.project_id)
     if cluster.repair_breaker_tripped_at is None:
+        record_audit(  # not tripped: nothing changes, but the ask is on record
+            session,
+            actor=caller.actor,
+            action="cluster.breaker_reset",
+            object_type="cluster",
+            object_id=cluster.id,
+            project_id=cluster.project_id,
+            source_ip=caller.source_ip,
+            detail={"reason": reason, "changed": False},
+        )
         return False
     record_event(
         session,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.errors import Forbidden, Unauthorized
-from gpufleet.core.ids import new_id
 from gpufleet.core.enums import Role
+from gpufleet.core.errors import Forbidden, InvalidInput, Unauthorized
+from gpufleet.core.ids import new_id
 from gpufleet.server.db.tables import ApiTokenRow, UserRow, WebSessionRow
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import (
@@ -204,7 +204,10 @@ async def get_session_expiry(session: AsyncSession, *, session_id: str) -> dt.da
 async def revoke_web_session(session: AsyncSession, *, caller: Caller, now: dt.datetime) -> None:
     """End the caller's console session (logout); API tokens are revoked elsewhere."""
     if caller.auth_method != "session":
-        raise Forbidden("logout ends a console session; this request used an API token")
+        raise InvalidInput(
+            "logout ends a console session; this request came with an API token "
+            "(revoke a token with DELETE /api/v1/tokens/{id})"
+        )
     await session.execute(
         update(WebSessionRow)
         .where(WebSessionRow.id == caller.token_id, WebSessionRow.revoked_at.is_(None))

@@ -51,7 +51,7 @@ async def list_project_tokens(
     if not include_revoked:
         query = query.where(ApiTokenRow.revoked_at.is_(None))
     rows = await session.execute(query.order_by(ApiTokenRow.created_at))
-    return [_with_user(row, name) for row, name in rows.tuples()]
+    return [_with_user(row, name) for row, name in rows]
 
 
 async def revoke_token(

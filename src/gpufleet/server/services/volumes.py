@@ -29,7 +29,7 @@ async def _attached(session: AsyncSession, volume_ids: list[str]) -> dict[str, l
         .where(VolumeAttachmentRow.volume_id.in_(volume_ids))
         .order_by(VolumeAttachmentRow.cluster_id)
     )
-    for volume_id, cluster_id in rows.tuples():
+    for volume_id, cluster_id in rows:
         out[volume_id].append(cluster_id)
     return out
 
