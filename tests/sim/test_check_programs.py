@@ -12,12 +12,15 @@ from gpufleet.checks.evaluate import check_output
 from gpufleet.checks.models import CheckContext, CheckKind, CheckResult, Outcome
 from gpufleet.checks.thresholds import get_thresholds
 from gpufleet.server.services.check_backends.sim_tools import (
+    TOOLS,
     expectations_from,
+    register_check_programs,
     sim_host,
     toolbox_for,
 )
 from gpufleet.sim.check_programs import SimHost, Toolbox
 from gpufleet.sim.models import BootPlan, SimInstanceSpec
+from gpufleet.sim.programs import ProgramContext, ProgramRegistry
 from gpufleet.sim.world import SimWorld
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "checks"
@@ -219,3 +222,49 @@ def test_an_unknown_program_exits_127() -> None:
     tools = Toolbox(expectations_from(), lambda _ref: None)
     ran = tools.run(["nvidia-smi"], host=SimHost("n", "n", H100, 8))
     assert (ran.exit_code, ran.stdout) == (127, "")
+
+
+def test_the_tools_are_registered_with_the_agents_program_registry(world: SimWorld) -> None:
+    names = boot(world, 2)
+    world.inject_fault(instance(world, names[1]), signature_id="ecc-dbe", gpu_index=0)
+    registry = ProgramRegistry()
+    register_check_programs(registry)
+    assert set(TOOLS) <= set(registry.names())
+    machines = {i.node_name: i for i in world.list_instances(cluster_id=CLUSTER)}
+
+    def run(node: str, *argv: str) -> str:
+        ctx = ProgramContext(
+            world=world,
+            instance=machines[node],
+            argv=argv,
+            env={},
+            timeout_s=600,
+            command_id="01a23a00-0000-7000-8000-000000000001",
+            now=world.clock.now(),
+            faults=tuple(world.faults_of(machines[node].instance_id)),
+        )
+        out = registry.run(ctx)
+        return out.stdout
+
+    ok = judge(CheckKind.DCGM_DIAG, run(names[0], "dcgmi", "diag", "-r", "2", "-j"), node=names[0])
+    bad = judge(CheckKind.DCGM_DIAG, run(names[1], "dcgmi", "diag", "-r", "2", "-j"), node=names[1])
+    assert ok.passed and not bad.passed
+    hosts = ",".join(f"{machines[n].hostname}:8" for n in names)
+    ring = run(
+        names[0],
+        "mpirun",
+        "-np",
+        "16",
+        "-H",
+        hosts,
+        "all_reduce_perf",
+        "-b",
+        "8",
+        "-e",
+        "8G",
+        "-f",
+        "2",
+        "-g",
+        "1",
+    )
+    assert judge(CheckKind.NCCL, ring, fabric="NDR", expected_nodes=2).passed
