@@ -9,6 +9,7 @@ its long poll, runs them and reports back:
 2. The agent is SIGKILLed while a command runs. The command's process (its own session)
    outlives it. Started again, the agent kills that leftover and reports the command
    failed, "agent restarted while it ran"; it is never run again, and new commands run.
+3. The server stops on SIGINT while the agent holds a long poll open.
 """
 
 from __future__ import annotations
@@ -206,6 +207,13 @@ def test_the_real_agent_runs_commands_and_survives_a_crash_mid_command(
         assert after["status"] == "succeeded" and after["result"]["stdout"] == "again\n"
         assert after["agent_boot_id"] != echo["agent_boot_id"]  # a new agent run
         assert not list((tmp_path / "agent-state" / "commands").glob("*.json"))
+
+        # 3. The server stops cleanly although the agent holds a poll open (it cancels
+        # what is left after its graceful-shutdown timeout; the stop helper would SIGKILL
+        # a server still running after 15 s).
+        node.server.stop()
+        assert node.server.proc is not None
+        assert node.server.proc.returncode != -signal.SIGKILL, node.server.output()[-2000:]
     finally:
         agent.kill()
         if (tmp_path / "victim.pid").exists():

@@ -16,6 +16,8 @@ from gpufleet.server.demo import prepare_demo
 from gpufleet.server.demo_slurm import SlurmDemo, start_lab, stop_lab
 from gpufleet.server.settings import ServerSettings, default_data_dir
 
+GRACEFUL_SHUTDOWN_S = 5
+
 
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(
@@ -31,7 +33,16 @@ def run_server(settings: ServerSettings | None = None) -> None:
     configure_logging()
     app = create_app(settings)
     print(f"gpufleet: serving on http://{settings.host}:{settings.port}", flush=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        # Agents hold command polls open for up to 20 s; a stop cancels them after this
+        # instead of waiting them out (each claim is shielded; the agent polls again).
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
 
 
 def demo_settings(
