@@ -44,6 +44,10 @@ class CheckEntry:
     label: str
     stage: str  # node | cluster
     node_ids: tuple[str, ...]
+    # Node level: the group of nodes that arrived together, and which of the suite's
+    # node-level checks this is (they run one after the other: never two on one GPU).
+    batch: int = 0
+    step: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +56,8 @@ class CheckEntry:
             "label": self.label,
             "stage": self.stage,
             "node_ids": list(self.node_ids),
+            "batch": self.batch,
+            "step": self.step,
         }
 
     @classmethod
@@ -62,6 +68,8 @@ class CheckEntry:
             label=str(raw.get("label", raw["kind"])),
             stage=str(raw.get("stage", "node")),
             node_ids=tuple(str(n) for n in raw.get("node_ids", [])),
+            batch=int(raw.get("batch", 0)),
+            step=int(raw.get("step", 0)),
         )
 
 

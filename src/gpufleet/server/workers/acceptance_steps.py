@@ -143,19 +143,20 @@ class AcceptanceSteps(LoopService):
     ) -> None:
         entries = entries_of(run)
         excluded = _excluded(run)
-        covered = {n for e in entries if e.stage == "node" for n in e.node_ids} | set(excluded)
+        node_entries = [e for e in entries if e.stage == "node"]
+        covered = {n for e in node_entries for n in e.node_ids} | set(excluded)
         new = [n for n in run.node_ids if n not in covered]
-        if new or run.status == AcceptanceStatus.PENDING.value:
+        checks = await self._check_rows(node_entries)
+        steps = len(suite.node_checks())
+        if new or _next_steps(node_entries, checks, steps) or run.status == "pending":
             await self._start_node_checks(run.id, suite)
             self.failpoints.hit("acceptance.node.after_start")
             return
-        checks = await self._check_rows(entries)
-        pending = [e for e in entries if not _ended(checks.get(e.check_run_id))]
-        outcomes = _node_outcomes(
-            run.node_ids, [e for e in entries if e.stage == "node"], checks, excluded
-        )
+        outcomes = _node_outcomes(run.node_ids, node_entries, checks, excluded, steps)
+        pending = [e for e in node_entries if not _ended(checks.get(e.check_run_id))]
         if pending:
-            await self._progress(run.id, outcomes, f"{len(pending)} node-level check run(s) going")
+            labels = ", ".join(sorted({e.label for e in pending}))
+            await self._progress(run.id, outcomes, f"node-level checks running: {labels}")
             return
         if run.trigger == AcceptanceTrigger.PROVISIONING.value and run.scope == "cluster":
             booting = await self._booting(cluster.id)
@@ -179,6 +180,8 @@ class AcceptanceSteps(LoopService):
         await self._finish(run.id, None, note=note, outcomes=outcomes)
 
     async def _start_node_checks(self, run_id: str, suite: AcceptanceSuite) -> None:
+        """New nodes get a batch and its first node-level check; a batch whose check
+        ended gets its next one, for the nodes that passed so far."""
         async with self.db.transaction() as session:
             run = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
             if run is None or run.stage != "node":
@@ -188,12 +191,13 @@ class AcceptanceSteps(LoopService):
             now = self.clock.now()
             entries = entries_of(run)
             excluded = _excluded(run)
+            node_checks = suite.node_checks()
             covered = {n for e in entries if e.stage == "node" for n in e.node_ids}
             covered |= set(excluded)
             rows = {
                 r.id: r
                 for r in await session.scalars(
-                    select(NodeRow).where(NodeRow.id.in_([n for n in run.node_ids]))
+                    select(NodeRow).where(NodeRow.id.in_(list(run.node_ids)))
                 )
             }
             batch = []
@@ -206,35 +210,53 @@ class AcceptanceSteps(LoopService):
                     excluded[node_id] = f"the node is {state}: no check can run on it"
                     continue
                 batch.append(node_id)
+            checks = {
+                r.id: r
+                for r in await session.scalars(
+                    select(CheckRunRow).where(
+                        CheckRunRow.id.in_([e.check_run_id for e in entries if e.check_run_id])
+                    )
+                )
+            }
+            todo = _next_steps([e for e in entries if e.stage == "node"], checks, len(node_checks))
+            if batch:
+                number = 1 + max((e.batch for e in entries if e.stage == "node"), default=-1)
+                todo.append((number, 0, batch))
             force = bool((run.results or {}).get("force"))
             fabric = suite.fabric_for(cluster.gpu_model)
-            for check in suite.node_checks() if batch else []:
+            for number, step, node_ids in todo:
+                if not node_checks:
+                    # No node-level check in the suite: judged on the cluster-wide ones.
+                    entries.append(CheckEntry("", "none", "none", "node", tuple(node_ids), number))
+                    continue
+                check = node_checks[step]
                 row = await create_check_run(
                     session,
                     actor=ACTOR,
                     cluster=cluster,
                     kind=CheckKind(check.kind),
-                    node_ids=batch,
+                    node_ids=node_ids,
                     params=_params(check, fabric),
                     force=force,
                     purpose="acceptance",
                     now=now,
                 )
-                entries.append(CheckEntry(row.id, check.kind, check.label, "node", tuple(batch)))
+                entries.append(
+                    CheckEntry(
+                        row.id, check.kind, check.label, "node", tuple(node_ids), number, step
+                    )
+                )
             if run.status == AcceptanceStatus.PENDING.value:
                 run.status = AcceptanceStatus.RUNNING.value
                 run.started_at = now
-            # A node no check covers (the suite has none at node level) is judged on the
-            # cluster-wide checks alone: mark it covered by an empty entry.
-            if batch and not suite.node_checks():
-                entries.append(CheckEntry("", "none", "none", "node", tuple(batch)))
             run.results = {
                 **(run.results or {}),
                 "checks": [e.to_json() for e in entries],
                 "excluded": excluded,
             }
             run.check_run_ids = [e.check_run_id for e in entries if e.check_run_id]
-            run.detail = f"node-level checks running on {len(covered) + len(batch)} node(s)"
+            labels = ", ".join(sorted({node_checks[s].label for _, s, _ in todo if node_checks}))
+            run.detail = f"node-level checks running: {labels or 'none'}"
             run.updated_at = now
 
     async def _start_cluster_checks(
@@ -286,8 +308,9 @@ class AcceptanceSteps(LoopService):
         checks = await self._check_rows(entries)
         if any(not _ended(checks.get(e.check_run_id)) for e in entries if e.check_run_id):
             return
+        steps = len(AcceptanceSuite.model_validate(run.suite).node_checks())
         outcomes = _node_outcomes(
-            run.node_ids, [e for e in entries if e.stage == "node"], checks, _excluded(run)
+            run.node_ids, [e for e in entries if e.stage == "node"], checks, _excluded(run), steps
         )
         names = await self._names(run.node_ids)
         unpinned: list[str] = []
@@ -363,8 +386,13 @@ class AcceptanceSteps(LoopService):
                     if row.started_at is not None:
                         row.progress = {**(row.progress or {}), "cleanup": True}
             if outcomes is None:
+                steps = len(AcceptanceSuite.model_validate(run.suite).node_checks())
                 outcomes = _node_outcomes(
-                    run.node_ids, [e for e in entries if e.stage == "node"], checks, _excluded(run)
+                    run.node_ids,
+                    [e for e in entries if e.stage == "node"],
+                    checks,
+                    _excluded(run),
+                    steps,
                 )
             for node_id in run.node_ids:
                 mine = outcomes.get(node_id)
@@ -612,18 +640,23 @@ def _node_outcomes(
     entries: Sequence[CheckEntry],
     checks: dict[str, CheckRunRow],
     excluded: dict[str, str],
+    steps: int,
 ) -> dict[str, dict[str, Any]]:
-    """Each node's verdict over the node-level checks that ended (pending: not all did)."""
+    """Each node's verdict over its node-level checks: the worst of them once it has
+    been through all ``steps`` (or failed one: it gets no further check); pending while
+    one runs or is still to come."""
     out: dict[str, dict[str, Any]] = {n: {"outcome": "pending", "reasons": []} for n in node_ids}
     for node_id, why in excluded.items():
         if node_id in out:
             out[node_id] = {"outcome": "fail", "reasons": [why]}
     seen: dict[str, list[str]] = {n: [] for n in node_ids}
+    done_steps: dict[str, int] = dict.fromkeys(node_ids, 0)
     waiting: set[str] = set()
     for entry in entries:
         if not entry.check_run_id:
             for node_id in entry.node_ids:
                 seen.setdefault(node_id, []).append("pass")
+                done_steps[node_id] = steps
             continue
         row = checks.get(entry.check_run_id)
         if row is None or CheckStatus(row.status) not in ENDED:
@@ -633,12 +666,39 @@ def _node_outcomes(
             if node_id not in out:
                 continue
             seen[node_id].append(str(result["outcome"]))
+            done_steps[node_id] = done_steps.get(node_id, 0) + 1
             out[node_id]["reasons"].extend(result["reasons"])
     for node_id in node_ids:
         if node_id in waiting or node_id in excluded or not seen.get(node_id):
             continue
-        out[node_id]["outcome"] = worst(seen[node_id])
+        verdict = worst(seen[node_id])
+        if verdict in PASSING and done_steps.get(node_id, 0) < steps:
+            continue  # its next check is still to come
+        out[node_id]["outcome"] = verdict
     return out
+
+
+def _next_steps(
+    entries: Sequence[CheckEntry], checks: dict[str, CheckRunRow], steps: int
+) -> list[tuple[int, int, list[str]]]:
+    """(batch, step, nodes) of the node-level checks due now: a batch's next check once
+    its last one ended, for the nodes that passed every check so far."""
+    batches: dict[int, list[CheckEntry]] = {}
+    for entry in entries:
+        batches.setdefault(entry.batch, []).append(entry)
+    due = []
+    for number, mine in sorted(batches.items()):
+        last = max(mine, key=lambda e: e.step)
+        if not last.check_run_id or last.step + 1 >= steps:
+            continue
+        row = checks.get(last.check_run_id)
+        if row is None or CheckStatus(row.status) not in ENDED:
+            continue
+        results = node_results(row)
+        passing = [n for n in last.node_ids if (results.get(n) or {}).get("outcome") in PASSING]
+        if passing:
+            due.append((number, last.step + 1, passing))
+    return due
 
 
 def _why(row: CheckRunRow) -> str:
