@@ -15,6 +15,7 @@ from gpufleet.testing.app import RunningApp
 
 
 async def _token(app: RunningApp, **body: Any) -> dict[str, Any]:
+    """A token the owner mints (for themselves, or with ``user`` for a member)."""
     response = await app.client.post("/api/v1/tokens", json=body)
     assert response.status_code == 201, response.text
     created: dict[str, Any] = response.json()
@@ -228,3 +229,80 @@ async def test_openapi_lists_the_routes(app: RunningApp) -> None:
         ("/api/v1/agent/reports", "post"),
     ]:
         assert method in paths.get(path, {}), (method, path)
+
+
+async def test_tokens_are_listed_without_secrets_and_revoked_at_once(
+    app: RunningApp, two_projects: dict[str, Any]
+) -> None:
+    member = two_projects["member"]
+    async with app.with_token(member) as client:
+        mine = (await client.get("/api/v1/tokens")).json()
+        # The member's token belongs to the owner here (minted by the owner for themselves).
+        assert {t["project_id"] for t in mine} <= {two_projects["ml"]["project_id"], None}
+        assert all("token" not in t and member not in str(t) for t in mine)
+    listed = (await app.client.get("/api/v1/projects/ml/tokens")).json()
+    (ci,) = [t for t in listed if t["name"] == "ci"]
+    assert ci["user_name"] == "admin" and ci["prefix"] == member[:12]
+    revoked = await app.client.delete(f"/api/v1/tokens/{ci['id']}")
+    assert revoked.status_code == 200, revoked.text
+    assert revoked.json()["revoked_at"] is not None
+    async with app.with_token(member) as client:
+        refused = await client.get("/api/v1/clusters")
+    assert refused.status_code == 401
+    again = await app.client.delete(f"/api/v1/tokens/{ci['id']}")
+    assert again.status_code == 200  # revoking twice changes nothing, and is on record
+    async with app.ctx.db.session() as session:
+        rows = (
+            await session.scalars(select(AuditLogRow).where(AuditLogRow.action == "token.revoke"))
+        ).all()
+    assert [r.detail["already"] for r in rows] == [False, True]
+    assert (await app.client.get("/api/v1/projects/ml/tokens")).json() == [
+        t for t in listed if t["id"] != ci["id"]
+    ]
+    with_revoked = await app.client.get("/api/v1/projects/ml/tokens", params={"revoked": True})
+    assert ci["id"] in [t["id"] for t in with_revoked.json()]
+
+
+async def test_who_may_revoke_a_token(app: RunningApp) -> None:
+    """Its user, an admin of its project, the owner; a member not someone else's (403);
+    another project's admin does not even see it (404)."""
+    for name in ("ml", "infra"):
+        await create_project(app.client, name)
+    users = {}
+    for name, project, role in (
+        ("ann", "ml", "member"),
+        ("ben", "ml", "member"),
+        ("cat", "ml", "admin"),
+        ("dan", "infra", "admin"),
+    ):
+        await app.client.post("/api/v1/users", json={"name": name})
+        await app.client.post(
+            f"/api/v1/projects/{project}/members", json={"user": name, "role": role}
+        )
+        users[name] = await _token(app, user=name, project=project, role=role)
+    victim = (await _token(app, user="ann", project="ml", role="member"))["info"]["id"]
+    outcomes = {}
+    for name in ("dan", "ben", "cat"):
+        async with app.with_token(users[name]["token"]) as client:
+            outcomes[name] = (await client.delete(f"/api/v1/tokens/{victim}")).status_code
+    assert outcomes == {"dan": 404, "ben": 403, "cat": 200}
+    own = (await _token(app, user="ann", project="ml", role="member"))["info"]["id"]
+    async with app.with_token(users["ann"]["token"]) as client:
+        assert (await client.delete(f"/api/v1/tokens/{own}")).status_code == 200
+        # A member mints tokens only for themselves.
+        for_other = await client.post(
+            "/api/v1/tokens", json={"project": "ml", "role": "member", "user": "ben"}
+        )
+    assert for_other.status_code == 403
+    assert error_of(for_other)["field"] == "user"
+
+
+async def test_owner_mints_for_members_only(app: RunningApp) -> None:
+    await create_project(app.client, "ml")
+    await app.client.post("/api/v1/users", json={"name": "eve"})
+    outside = await app.client.post("/api/v1/tokens", json={"project": "ml", "user": "eve"})
+    assert outside.status_code == 422
+    assert "not in that project" in error_of(outside)["message"]
+    unscoped = await app.client.post("/api/v1/tokens", json={"user": "eve"})
+    assert unscoped.status_code == 422
+    assert error_of(unscoped)["field"] == "project"

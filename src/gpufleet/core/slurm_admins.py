@@ -38,7 +38,7 @@ def unix_name_from(preferred_username: str | None, email: str | None = None) -> 
     at most 32 characters. None when nothing usable is left."""
     base = preferred_username or (email.split("@", 1)[0] if email else "")
     base = base.split("@", 1)[0].lower()
-    name = _NOT_UNIX.sub("_", base).strip("_")
+    name = _NOT_UNIX.sub("_", base).strip("_-")
     if not name:
         return None
     if not re.match(r"[a-z_]", name):
