@@ -40,6 +40,7 @@ async def test_full_login_grants_the_group_role_and_logout_ends_the_session(
 
         me = (await browser.get("/api/v1/auth/me")).json()
         assert me["user"]["name"] == "alice" and me["user"]["email"] == "alice@example.test"
+        assert me["user"]["unix_name"] == "alice"  # from preferred_username
         assert me["auth_method"] == "session" and not me["user"]["is_owner"]
         csrf = me["csrf_token"]
         assert csrf == browser.cookies["gpufleet_csrf"]
@@ -214,6 +215,7 @@ async def test_an_idp_user_never_takes_over_a_local_user_by_name(
         assert (await log_in(browser, idp_client, login="admin")).status_code == 303
         me = (await browser.get("/api/v1/auth/me")).json()
     assert me["user"]["name"].startswith("admin-") and not me["user"]["is_owner"]
+    assert me["user"]["unix_name"] == "admin"  # the owner has none: it is free
 
 
 async def test_state_mismatch_is_refused(

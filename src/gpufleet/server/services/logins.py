@@ -23,6 +23,7 @@ from gpufleet.core.enums import Role
 from gpufleet.core.errors import InvalidInput, Unauthorized
 from gpufleet.core.ids import new_id
 from gpufleet.core.models import CreatedToken
+from gpufleet.core.slurm_admins import unix_name_from
 from gpufleet.server.db.tables import (
     MembershipRow,
     OidcLoginRow,
@@ -125,6 +126,16 @@ async def _free_name(session: AsyncSession, claims: IdTokenClaims) -> str:
     return f"{base}-{suffix}"
 
 
+async def _free_unix_name(session: AsyncSession, claims: IdTokenClaims) -> str | None:
+    """The account name on cluster nodes, from preferred_username; None when it is taken
+    (the owner then sets one: two people must never share a Unix account)."""
+    name = unix_name_from(claims.preferred_username, claims.email)
+    if name is None:
+        return None
+    taken = await session.scalar(select(UserRow.id).where(UserRow.unix_name == name))
+    return None if taken is not None else name
+
+
 async def upsert_oidc_user(
     session: AsyncSession, *, claims: IdTokenClaims, now: dt.datetime, source_ip: str | None
 ) -> UserRow:
@@ -141,6 +152,7 @@ async def upsert_oidc_user(
         email=claims.email,
         is_owner=False,
         oidc_subject=subject,
+        unix_name=await _free_unix_name(session, claims),
         created_at=now,
     )
     session.add(user)
@@ -153,7 +165,7 @@ async def upsert_oidc_user(
         object_id=user.id,
         project_id=None,
         source_ip=source_ip,
-        detail={"name": user.name, "issuer": claims.issuer},
+        detail={"name": user.name, "issuer": claims.issuer, "unix_name": user.unix_name},
     )
     return user
 
