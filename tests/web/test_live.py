@@ -7,8 +7,10 @@ import re
 from typing import Any
 
 import httpx
+from sqlalchemy import update
 from webhelpers import NO_EVENT, Fleet
 
+from gpufleet.server.db.tables import GpuRow
 from gpufleet.server.services.health_grid import CELL_OF_HEALTH
 from gpufleet.server.web.live import GridCache
 
@@ -78,3 +80,21 @@ async def test_bad_poll_parameters_are_refused(fleet: Fleet, admin: httpx.AsyncC
         response = await admin.get(f"/clusters/{fleet.cluster_id}/live", params=params)
         assert response.status_code == 422
         assert response.json()["error"]["code"] == "invalid_input"
+
+
+async def test_a_gpu_gone_from_the_middle_is_shown_missing(
+    fleet: Fleet, admin: httpx.AsyncClient
+) -> None:
+    fleet.app.app.state.console_grids = GridCache(ttl_s=0.0)
+    before = await _poll(admin, fleet, grid="0" * 24)
+    node = fleet.nodes["train-002"]["id"]
+    async with fleet.app.ctx.db.transaction() as session:
+        await session.execute(
+            update(GpuRow)
+            .where(GpuRow.node_id == node, GpuRow.index == 3)
+            .values(removed_at=fleet.clock.now())
+        )
+    after = await _poll(admin, fleet, grid=before["etag"])
+    (change,) = after["changes"]
+    assert change[2] == "hhhmhhhh" and "GPU 3 missing" in change[3]
+    assert after["cells"]["unhealthy"] == 1  # a missing GPU counts as unhealthy

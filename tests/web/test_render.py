@@ -12,9 +12,16 @@ from gpufleet.server.web.grid import attention, grid_changes, node_label, render
 
 
 def _node(name: str, cells: str, **kw: object) -> GridNode:
-    values: dict[str, object] = {"id": f"id-{name}", "name": name, "state": NodeState.IN_SERVICE,
-                                 "health": Health.HEALTHY, "cells": cells, "findings": 0,
-                                 "repair": None, **kw}  # fmt: skip
+    values: dict[str, object] = {
+        "id": f"id-{len(name)}",
+        "name": name,
+        "state": NodeState.IN_SERVICE,
+        "health": Health.HEALTHY,
+        "cells": cells,
+        "findings": 0,
+        "repair": None,
+        **kw,
+    }
     return GridNode(**values)  # type: ignore[arg-type]
 
 

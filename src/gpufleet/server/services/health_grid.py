@@ -11,7 +11,7 @@ import datetime as dt
 import hashlib
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import Health, NodeState
@@ -41,7 +41,7 @@ class GridNode:
     repair: str | None  # status of the node's open repair, if any
 
     def signature(self) -> str:
-        return f"{self.state.value}|{self.health.value}|{self.cells}|{self.findings}|{self.repair}"
+        return f"{self.state}|{self.health}|{self.cells}|{self.findings}|{self.repair}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,23 +54,27 @@ class HealthGrid:
 
     def counts(self) -> dict[str, int]:
         """GPU cells by health (a missing GPU counts as unhealthy)."""
-        out = {h.value: 0 for h in Health}
-        for node in self.nodes:
-            for cell in node.cells:
-                out[HEALTH_OF_CELL[cell].value] += 1
+        cells = "".join(n.cells for n in self.nodes)
+        out = {h.value: cells.count(c) for h, c in CELL_OF_HEALTH.items()}
+        out[Health.UNHEALTHY.value] += cells.count(MISSING)
         return out
 
     def node_counts(self) -> dict[str, int]:
         out = {h.value: 0 for h in Health}
         for node in self.nodes:
-            out[node.health.value] += 1
+            out[node.health] += 1
         return out
 
 
 async def load_health_grid(
     session: AsyncSession, *, cluster: ClusterRow, staleness_s: float, now: dt.datetime
 ) -> HealthGrid:
-    """The grid of a cluster the caller may already see (``get_cluster_row_or_error``)."""
+    """The grid of a cluster the caller may already see (``get_cluster_row_or_error``).
+
+    Most GPUs are healthy, so GPUs are not read one row each: the node query counts each
+    node's GPUs and their highest index, and only the GPUs that are not healthy (and the
+    slots of nodes with a gap) are read one by one.
+    """
     node_rows = (
         await session.execute(
             select(
@@ -80,18 +84,36 @@ async def load_health_grid(
                 NodeRow.health,
                 NodeRow.last_report_at,
                 NodeRow.expected_gpus,
+                func.count(GpuRow.id),
+                func.max(GpuRow.index),
             )
+            .outerjoin(GpuRow, (GpuRow.node_id == NodeRow.id) & GpuRow.removed_at.is_(None))
             .where(NodeRow.cluster_id == cluster.id, NodeRow.state != NodeState.REMOVED.value)
+            .group_by(NodeRow.id)
             .order_by(NodeRow.id)  # slot order: ids are time-ordered
         )
     ).all()
-    gpu_rows = (
+    unwell = (
         await session.execute(
             select(GpuRow.node_id, GpuRow.index, GpuRow.health)
             .join(NodeRow, NodeRow.id == GpuRow.node_id)
-            .where(NodeRow.cluster_id == cluster.id, GpuRow.removed_at.is_(None))
+            .where(
+                NodeRow.cluster_id == cluster.id,
+                GpuRow.removed_at.is_(None),
+                GpuRow.health != Health.HEALTHY.value,
+            )
         )
     ).all()
+    # Nodes whose GPU indices have a gap (a GPU gone from the middle): read their slots.
+    gappy = [row[0] for row in node_rows if row[6] and row[7] is not None and row[6] != row[7] + 1]
+    present: dict[str, set[int]] = {}
+    if gappy:
+        for node_id, index in await session.execute(
+            select(GpuRow.node_id, GpuRow.index).where(
+                GpuRow.node_id.in_(gappy), GpuRow.removed_at.is_(None)
+            )
+        ):
+            present.setdefault(node_id, set()).add(index)
     finding_rows = (
         await session.execute(
             select(FindingRow.node_id).where(
@@ -108,27 +130,40 @@ async def load_health_grid(
             )
         )
     ).all()
-    gpus: dict[str, dict[int, str]] = {}
-    for node_id, index, health in gpu_rows:
-        gpus.setdefault(node_id, {})[index] = health
+    not_healthy: dict[str, dict[int, str]] = {}
+    for node_id, index, health in unwell:
+        not_healthy.setdefault(node_id, {})[index] = health
     findings: dict[str, int] = {}
     for (node_id,) in finding_rows:
         findings[node_id] = findings.get(node_id, 0) + 1
     repairs = {node_id: status for node_id, status in repair_rows}
     nodes: list[GridNode] = []
-    for node_id, name, state, stored, last_report_at, expected in node_rows:
+    for node_id, name, state, stored, last_report_at, expected, count, top in node_rows:
         health = Health(stored)
         if health is not Health.UNHEALTHY and is_stale(
             last_report_at=last_report_at, now=now, staleness_s=staleness_s
         ):
             health = Health.UNKNOWN
+        if (
+            count
+            and top == count - 1
+            and node_id not in not_healthy
+            and health is not Health.UNKNOWN
+        ):
+            # GPUs 0..top all there and healthy (most nodes): no per-GPU work.
+            cells = "h" * count + MISSING * (expected - count)
+        else:
+            indices = present.get(node_id) or (range(top + 1) if count else range(0))
+            by_index = dict.fromkeys(indices, Health.HEALTHY.value)
+            by_index.update(not_healthy.get(node_id, {}))
+            cells = _cells(by_index, expected=expected, node_health=health)
         nodes.append(
             GridNode(
                 id=node_id,
                 name=name,
                 state=NodeState(state),
                 health=health,
-                cells=_cells(gpus.get(node_id, {}), expected=expected, node_health=health),
+                cells=cells,
                 findings=findings.get(node_id, 0),
                 repair=repairs.get(node_id),
             )
@@ -146,13 +181,15 @@ async def load_health_grid(
     )
 
 
+_LETTER = {h.value: c for h, c in CELL_OF_HEALTH.items()}
+
+
 def _cells(by_index: dict[int, str], *, expected: int, node_health: Health) -> str:
+    """One letter per GPU slot from the GPUs' stored health by index."""
     if node_health is Health.UNKNOWN:
         # Nothing fresh from the node: its GPUs are unknown too, never shown healthy.
         return CELL_OF_HEALTH[Health.UNKNOWN] * max(expected, len(by_index))
     if not by_index:
         return CELL_OF_HEALTH[Health.UNKNOWN] * expected
     slots = max(expected, max(by_index) + 1)
-    return "".join(
-        CELL_OF_HEALTH[Health(by_index[i])] if i in by_index else MISSING for i in range(slots)
-    )
+    return "".join(_LETTER[by_index[i]] if i in by_index else MISSING for i in range(slots))
