@@ -113,6 +113,7 @@ def console(port: int, idp: str, tmp_path_factory: pytest.TempPathFactory) -> It
         url = printed_value(proc, "GPUFLEET_URL")
         token = printed_value(proc, "GPUFLEET_TOKEN")
         proc.wait_ready(url)
+        assert f"web console at {url}/" in proc.output()  # the demo says where it is
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as api:
             policy = api.put("/api/v1/projects/demo/repair-policy", json=FAST_POLICY)
             assert policy.status_code == 200, policy.text

@@ -38,6 +38,14 @@ DEMO_REPAIR_POLICY = RepairPolicyRequest(
 )
 
 
+def console_banner(public_url: str) -> str:
+    """The line that tells a person where the web console is and how to log in."""
+    return (
+        f"gpufleet demo: web console at {public_url.rstrip('/')}/ "
+        "(log in with the GPUFLEET_TOKEN above)"
+    )
+
+
 async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> str:
     """Make sure the demo project, cluster and an admin token exist; return the token.
 

@@ -12,7 +12,7 @@ import uvicorn
 
 from gpufleet.server.app import create_app
 from gpufleet.server.context import AppContext
-from gpufleet.server.demo import prepare_demo
+from gpufleet.server.demo import console_banner, prepare_demo
 from gpufleet.server.demo_slurm import SlurmDemo, start_lab, stop_lab
 from gpufleet.server.settings import ServerSettings, default_data_dir
 
@@ -105,6 +105,7 @@ def run_demo(*, port: int = 8080, data_dir: Path | None = None, slurm: bool = Fa
         token = await prepare_demo(ctx, slurm=lab)
         print(f"GPUFLEET_URL={ctx.public_url}", flush=True)
         print(f"GPUFLEET_TOKEN={token}", flush=True)
+        print(console_banner(ctx.public_url), file=sys.stderr, flush=True)
         print(
             f"gpufleet demo: data in {settings.data_dir}; try `gpufleet nodes list`; Ctrl-C stops",
             file=sys.stderr,
