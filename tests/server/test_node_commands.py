@@ -22,6 +22,7 @@ from gpufleet.client.agent import AgentClient
 from gpufleet.core.agent_protocol import AGENT_RESTARTED, NodeCommand, script_argv
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.ids import new_id
+from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import AuditLogRow, EventRow, NodeCommandRow
 from gpufleet.server.services.command_signals import signals_for
 from gpufleet.server.services.node_commands import (
@@ -336,7 +337,6 @@ async def test_reports_say_when_commands_wait(app: RunningApp) -> None:
         waiting: bool = response.json()["commands_waiting"]
         return waiting
 
-    signals_for(app.ctx.db, clock=app.ctx.clock)  # as once a poll has waited here
     assert await report() is False
     await run(app, node["id"], argv=["true"])
     assert await report() is True
@@ -504,3 +504,32 @@ async def test_a_command_an_agent_crash_interrupted_is_reported_failed(
     assert record["result"]["error"] == AGENT_RESTARTED
     assert record["result"]["agent_boot_id"] == "agent-2" and record["deliveries"] == 1
     assert channel.started == []  # reported, never run again
+
+
+async def test_a_command_queued_on_another_replica_wakes_the_poll(app: RunningApp) -> None:
+    (node, _), tokens = await two_nodes(app)
+    signals = signals_for(app.ctx.db, clock=app.ctx.clock)
+    waiting = asyncio.create_task(poll(app, tokens[node["id"]], wait_s=15))
+    for _ in range(200):
+        if signals.watched:
+            break
+        await asyncio.sleep(0.01)
+    # Another replica: its own engine on the same database; nothing in this process
+    # hears of its commit, so only the once-a-second read of the store can wake the poll.
+    other = Database(app.ctx.settings.resolved_database_url())
+    try:
+        async with other.transaction() as session:
+            row = await enqueue_command(
+                session,
+                node_id=node["id"],
+                argv=["true"],
+                timeout_s=5,
+                purpose="from replica 2",
+                requested_by="system:test",
+            )
+    finally:
+        await other.dispose()
+    refreshes = signals.refreshes
+    got = await asyncio.wait_for(waiting, timeout=20)
+    assert [c["id"] for c in got.json()["commands"]] == [row.id]
+    assert signals.refreshes > refreshes  # woken by a read of the store
