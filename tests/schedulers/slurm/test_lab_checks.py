@@ -178,3 +178,30 @@ async def test_ib_write_bw_pairs_run_as_parallel_steps_of_one_job(
             assert [h["bw_avg_gbits"] for h in hcas.values()] == [pytest.approx(388.77)] * 2
         invocations = done["result"]["invocations"]
         assert len(invocations) == 8 and all(i["exit_code"] == 0 for i in invocations)
+
+
+async def test_cancelling_a_running_check_cancels_its_job_and_frees_the_node(
+    slurm_lab: SlurmLab, database_url: str, tmp_path: Path
+) -> None:
+    async with lab_fleet(
+        slurm_lab, database_url, tmp_path, checks_stand_in={"gpu-burn": ["sleep", "600"]}
+    ) as fleet:
+        run = await run_check(fleet, {"nodes": ["lab-002"], "check": "gpu-burn"})
+        await wait_status(fleet, run["id"], {"running", *ENDED})
+        name = f"gpufleet-check-{run['id']}"
+        slurm_lab.wait_until(
+            lambda: "RUNNING" in slurm_lab.run("squeue", "-h", "-n", name, "-o", "%T").stdout,
+            timeout_s=30,
+            what="the check job running",
+        )
+        asked = await fleet.app.client.post(f"/api/v1/checks/{run['id']}/cancel")
+        assert asked.status_code == 200, asked.text
+        done = await wait_status(fleet, run["id"], ENDED)
+        assert done["status"] == "cancelled", done
+        slurm_lab.wait_until(
+            lambda: not slurm_lab.run("squeue", "-h", "-n", name).stdout.strip(),
+            timeout_s=30,
+            what="the check job gone",
+        )
+        assert name not in reservations(slurm_lab)
+        slurm_lab.wait_for_node_state("lab-002", "idle", timeout_s=30)

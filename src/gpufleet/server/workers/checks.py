@@ -435,7 +435,6 @@ class CheckRunner(LocalisationSteps, LoopService):
                 **verdict.result,
                 "skipped": list(tx.run.skipped or []),
                 "backend": tx.run.backend,
-                "rounds": None,
             }
             if self._wants_localisation(tx.run, verdict):
                 child = await self.start_localisation(tx.session, tx.run, tx.cluster, tx.now)
