@@ -141,7 +141,7 @@ async def run_command(
             await asyncio.wait_for(capture.closed.wait(), timeout=DRAIN_S)
         except TimeoutError:
             log.warning("command %s: a process outside its group holds its output", command.id)
-    except asyncio.CancelledError:
+    except BaseException:  # the agent stops, or journalling the pid failed: no orphan
         kill_group(pid, signal.SIGKILL)
         raise
     finally:

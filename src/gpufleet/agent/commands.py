@@ -265,10 +265,13 @@ class CommandChannel:
                 await asyncio.sleep(delay)
                 continue
             except ApiError as exc:
-                delay = (
-                    backoff.next() if exc.status >= 500 or exc.status == 429 else backoff.slowest()
-                )
+                delay = _retry_after(exc, backoff)
                 log.error("commands: poll refused (retry in %.0fs): %s", delay, exc)
+                await asyncio.sleep(delay)
+                continue
+            except Exception:  # a bad answer or a full disk: log it, go on
+                delay = backoff.slowest()
+                log.exception("commands: poll failed (retry in %.0fs)", delay)
                 await asyncio.sleep(delay)
                 continue
             backoff.reset()
@@ -372,10 +375,12 @@ class CommandChannel:
                 log.warning("commands: results wait, server unreachable: %s", exc)
                 continue
             except ApiError as exc:
-                delay = (
-                    backoff.next() if exc.status >= 500 or exc.status == 429 else backoff.slowest()
-                )
+                delay = _retry_after(exc, backoff)
                 log.error("commands: result refused (retry in %.0fs): %s", delay, exc)
+                continue
+            except Exception:  # never let the results stop for good
+                delay = backoff.slowest()
+                log.exception("commands: sending results failed (retry in %.0fs)", delay)
                 continue
             backoff.reset()
             delay = None

@@ -214,15 +214,23 @@ class SimFleetRunner:
                 if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
                     holder[0] = self._client_for(fresh)
 
-        await run_commands(
-            instance,
-            state=self.command_state(iid),
-            client=lambda: holder[0],
-            world=self._world,
-            programs=self._programs,
-            interval_s=self._interval_s,
-            on_error=on_error,
-        )
+        state = self.command_state(iid)
+        while True:
+            try:
+                await run_commands(
+                    instance,
+                    state=state,
+                    client=lambda: holder[0],
+                    world=self._world,
+                    programs=self._programs,
+                    interval_s=self._interval_s,
+                    on_error=on_error,
+                )
+            except Exception as exc:  # a bug here must not stop the node's reports
+                self._counters.errors += 1
+                log.exception("sim agent %s: commands failed; restarting", instance.node_name)
+                state.fail_running(f"simulated agent failed: {exc!r}", now=self._world.clock.now())
+            await asyncio.sleep(self._interval_s)
 
     async def _findings(self, instance: SimInstance) -> None:
         assert self._http is not None

@@ -47,6 +47,19 @@ class SimCommandState:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     finished: int = 0
 
+    def fail_running(self, error: str, *, now: dt.datetime, boot_id: str | None = None) -> None:
+        """Turn what runs (taken by another agent run than ``boot_id``) into failed
+        results: their simulation is gone."""
+        for command_id, (_command, taken_by, _cancel) in list(self.running.items()):
+            if taken_by != boot_id:
+                self.results[command_id] = CommandResult(
+                    id=command_id,
+                    agent_boot_id=boot_id or taken_by,
+                    error=error[:4000],
+                    finished_at=now,
+                )
+                del self.running[command_id]
+
 
 def sim_boot_id(instance: SimInstance) -> str:
     return f"sim-{instance.instance_id}-{instance.boot_id}"
@@ -65,12 +78,7 @@ async def run_commands(
     """The agent side of the channel for one boot of one machine, until cancelled."""
     boot_id = sim_boot_id(instance)
     clock = world.clock
-    for command_id, (_command, taken_by, _cancel) in list(state.running.items()):
-        if taken_by != boot_id:  # the machine rebooted under it
-            state.results[command_id] = CommandResult(
-                id=command_id, agent_boot_id=boot_id, error=AGENT_RESTARTED, finished_at=clock.now()
-            )
-            del state.running[command_id]
+    state.fail_running(AGENT_RESTARTED, now=clock.now(), boot_id=boot_id)  # rebooted under it
     tasks: set[asyncio.Task[None]] = set()
     retry = bool(state.results)
     try:
