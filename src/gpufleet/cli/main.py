@@ -11,6 +11,7 @@ from typer.core import TyperGroup
 from gpufleet.cli import (
     acceptance,
     agent,
+    audit,
     auth,
     checks,
     clusters,
@@ -25,6 +26,8 @@ from gpufleet.cli import (
     slurm_node,
     tokens,
     usage,
+    users,
+    volumes,
 )
 from gpufleet.cli.config import ENV_TOKEN, ENV_URL, GlobalOptions
 from gpufleet.cli.errors import CliError, describe
@@ -73,6 +76,9 @@ def _global(
 app.command("login")(auth.login)
 app.add_typer(projects.app, name="projects")
 app.add_typer(tokens.app, name="tokens")
+app.add_typer(users.app, name="users")
+app.add_typer(volumes.app, name="volumes")
+app.add_typer(audit.app, name="audit")
 app.add_typer(clusters.app, name="clusters")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(repairs.app, name="repairs")

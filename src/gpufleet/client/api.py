@@ -17,6 +17,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from gpufleet.client.access import AccessCalls
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
 from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
@@ -153,7 +154,7 @@ def _segment(ref: str) -> str:
     return quote(ref, safe="")
 
 
-class ApiClient:
+class ApiClient(AccessCalls):
     """Synchronous client for one gpufleet server.
 
     ``token`` is an API token (``Authorization: Bearer``); ``None`` only reaches the
@@ -237,8 +238,13 @@ class ApiClient:
     ) -> Page[Project]:
         return self._get(Page[Project], f"{API}/projects", {"cursor": cursor, "limit": limit})
 
-    def create_project(self, name: str, *, description: str = "") -> Project:
-        body = {"name": name, "description": description}
+    def create_project(
+        self, name: str, *, description: str = "", first_admin: str | None = None
+    ) -> Project:
+        """The owner only; ``first_admin`` (user id or name) defaults to the caller."""
+        body: dict[str, object] = {"name": name, "description": description}
+        if first_admin is not None:
+            body["first_admin"] = first_admin
         return Project.model_validate(self._call("POST", f"{API}/projects", body=body))
 
     def get_project(self, ref: str) -> Project:
@@ -252,14 +258,18 @@ class ApiClient:
         project: str | None = None,
         role: Role | None = None,
         expires_in_days: int | None = None,
+        user: str | None = None,
     ) -> CreatedToken:
-        """Create a personal API token; the secret is in the result and never again."""
+        """Create a personal API token; the secret is in the result and never again.
+        ``user`` (the owner only): a token for that member of ``project``."""
         body = {
             "name": name,
             "project": project,
             "role": role.value if role else None,
             "expires_in_days": expires_in_days,
         }
+        if user is not None:
+            body["user"] = user
         return CreatedToken.model_validate(self._call("POST", f"{API}/tokens", body=body))
 
     def auth_config(self) -> AuthConfig:

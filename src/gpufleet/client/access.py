@@ -1,0 +1,145 @@
+"""Client calls for access control: members, users, tokens, storage volumes, the audit
+log and a cluster's sudo/Slurm-admin rendering. Mixed into ``ApiClient``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from gpufleet.core.access import AuditEntry, Member, Volume
+from gpufleet.core.enums import Role
+from gpufleet.core.models import ApiToken, Page, User
+from gpufleet.core.slurm_admins import AccessConfig
+
+API = "/api/v1"
+
+
+def _seg(ref: str) -> str:
+    return quote(ref, safe="")
+
+
+class AccessCalls:
+    """Needs ``_call`` (``ApiClient`` has it)."""
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, object] | None = None,
+        body: Mapping[str, Any] | None = None,
+    ) -> Any:
+        raise NotImplementedError
+
+    # -- members ------------------------------------------------------------------------
+    def list_members(self, project: str) -> list[Member]:
+        data = self._call("GET", f"{API}/projects/{_seg(project)}/members")
+        return [Member.model_validate(m) for m in data]
+
+    def add_member(self, project: str, *, user: str, role: Role = Role.MEMBER) -> Member:
+        """Add an existing user (id or name); ``ApiError`` 409 if already a member."""
+        body = {"user": user, "role": role.value}
+        path = f"{API}/projects/{_seg(project)}/members"
+        return Member.model_validate(self._call("POST", path, body=body))
+
+    def set_member_role(self, project: str, user: str, *, role: Role) -> Member:
+        """409 for the project's last admin and for roles an IdP group grants."""
+        path = f"{API}/projects/{_seg(project)}/members/{_seg(user)}"
+        return Member.model_validate(self._call("PATCH", path, body={"role": role.value}))
+
+    def remove_member(self, project: str, user: str) -> Member:
+        path = f"{API}/projects/{_seg(project)}/members/{_seg(user)}"
+        return Member.model_validate(self._call("DELETE", path))
+
+    # -- users (the platform owner) -----------------------------------------------------
+    def list_users(self) -> list[User]:
+        return [User.model_validate(u) for u in self._call("GET", f"{API}/users")]
+
+    def create_user(
+        self, name: str, *, email: str | None = None, unix_name: str | None = None
+    ) -> User:
+        body = {"name": name, "email": email, "unix_name": unix_name}
+        return User.model_validate(self._call("POST", f"{API}/users", body=body))
+
+    def set_unix_name(self, user: str, unix_name: str | None) -> User:
+        """Set a user's Unix name; None removes it."""
+        body = {"unix_name": unix_name}
+        return User.model_validate(self._call("PATCH", f"{API}/users/{_seg(user)}", body=body))
+
+    # -- tokens -------------------------------------------------------------------------
+    def list_tokens(self, *, project: str | None = None, revoked: bool = False) -> list[ApiToken]:
+        """Your own tokens; with ``project``, every user's tokens of it (its admins)."""
+        path = f"{API}/projects/{_seg(project)}/tokens" if project else f"{API}/tokens"
+        data = self._call("GET", path, params={"revoked": revoked})
+        return [ApiToken.model_validate(t) for t in data]
+
+    def revoke_token(self, token_id: str) -> ApiToken:
+        """Revoke now: every later request with it gets 401."""
+        return ApiToken.model_validate(self._call("DELETE", f"{API}/tokens/{_seg(token_id)}"))
+
+    # -- storage volumes ----------------------------------------------------------------
+    def list_volumes(self, project: str) -> list[Volume]:
+        data = self._call("GET", f"{API}/projects/{_seg(project)}/volumes")
+        return [Volume.model_validate(v) for v in data]
+
+    def create_volume(self, project: str, *, name: str, size_gb: int, mount_path: str) -> Volume:
+        body = {"name": name, "size_gb": size_gb, "mount_path": mount_path}
+        path = f"{API}/projects/{_seg(project)}/volumes"
+        return Volume.model_validate(self._call("POST", path, body=body))
+
+    def update_volume(
+        self,
+        project: str,
+        volume: str,
+        *,
+        size_gb: int | None = None,
+        mount_path: str | None = None,
+    ) -> Volume:
+        body = {k: v for k, v in (("size_gb", size_gb), ("mount_path", mount_path)) if v}
+        path = f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}"
+        return Volume.model_validate(self._call("PATCH", path, body=body))
+
+    def delete_volume(self, project: str, volume: str) -> Volume:
+        path = f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}"
+        return Volume.model_validate(self._call("DELETE", path))
+
+    def attach_volume(self, project: str, volume: str, *, cluster_id: str) -> Volume:
+        path = f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}/attachments"
+        return Volume.model_validate(self._call("POST", path, body={"cluster": cluster_id}))
+
+    def detach_volume(self, project: str, volume: str, *, cluster_id: str) -> Volume:
+        path = (
+            f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}/attachments/{_seg(cluster_id)}"
+        )
+        return Volume.model_validate(self._call("DELETE", path))
+
+    # -- audit log, cluster access ------------------------------------------------------
+    def list_audit(
+        self,
+        *,
+        project: str | None = None,
+        actor: str | None = None,
+        action: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> Page[AuditEntry]:
+        """Newest first; ``action`` ending in ``.`` or ``*`` matches a prefix."""
+        params = {
+            "project": project,
+            "actor": actor,
+            "action": action,
+            "since": since,
+            "until": until,
+            "cursor": cursor,
+            "limit": limit,
+        }
+        return Page[AuditEntry].model_validate(self._call("GET", f"{API}/audit", params=params))
+
+    def cluster_access(self, cluster_id: str) -> AccessConfig:
+        """Who a cluster's nodes give sudo and Slurm admin to."""
+        path = f"{API}/clusters/{_seg(cluster_id)}/access"
+        return AccessConfig.model_validate(self._call("GET", path))
