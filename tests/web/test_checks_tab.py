@@ -3,6 +3,9 @@ admin's), follows it to its end, reads each node's verdict and the raw output.""
 
 from __future__ import annotations
 
+import hashlib
+
+import httpx
 from webhelpers import Fleet, browser, hidden, log_in, member_token
 
 
@@ -44,3 +47,30 @@ async def test_a_member_runs_a_check_and_reads_its_verdict(fleet: Fleet) -> None
         assert output.headers["content-type"].startswith("text/plain")
         assert output.headers["x-content-type-options"] == "nosniff"
         assert "dcgmi diag -r 1" in output.text
+
+
+async def test_acceptance_reports_are_listed_and_download(
+    fleet: Fleet, admin: httpx.AsyncClient
+) -> None:
+    started = await fleet.app.client.post(
+        f"/api/v1/clusters/{fleet.cluster_id}/acceptance",
+        json={"nodes": ["train-001"], "reason": "console test"},
+    )
+    assert started.status_code == 202, started.text
+    run_id = started.json()["id"]
+
+    async def reported() -> dict[str, object] | None:
+        run = (await fleet.app.client.get(f"/api/v1/acceptance/{run_id}")).json()
+        return run if run["report_sha256"] else None
+
+    # The suite's checks take minutes of (fake) time: dcgm-diag level 3, NCCL, ib_write_bw.
+    run = await fleet.until(reported, ticks=60, seconds=120.0, what="the acceptance report")
+    tab = (await admin.get(f"/clusters/{fleet.cluster_id}/checks")).text
+    html_link = f"/api/v1/acceptance/{run_id}/report.html"
+    json_link = f"/api/v1/acceptance/{run_id}/report.json"
+    assert html_link in tab and json_link in tab and str(run["report_sha256"])[:12] in tab
+    report = await admin.get(json_link)  # the console's session reads the API's route
+    assert report.status_code == 200
+    assert hashlib.sha256(report.content).hexdigest() == run["report_sha256"]
+    page = await admin.get(html_link)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

@@ -55,14 +55,19 @@ class Fleet:
             await loop.run_once()
 
     async def until(
-        self, check: Callable[[], Awaitable[Any]], *, ticks: int = 60, what: str = "condition"
+        self,
+        check: Callable[[], Awaitable[Any]],
+        *,
+        ticks: int = 60,
+        seconds: float = 1.0,
+        what: str = "condition",
     ) -> Any:
         for _ in range(ticks):
             found = await check()
             if found:
                 return found
-            await self.tick()
-        raise AssertionError(f"{what} not met after {ticks} ticks")
+            await self.tick(seconds)
+        raise AssertionError(f"{what} not met after {ticks} ticks of {seconds} s")
 
     async def inject(self, name: str, signature: str, **extra: Any) -> None:
         response = await self.app.client.post(

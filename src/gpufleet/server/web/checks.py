@@ -1,6 +1,7 @@
 """The Checks tab: run an active check (dcgm-diag, NCCL, ib_write_bw, gpu-burn) on the
 cluster's nodes, follow its runs, read each node's verdict and the raw output; the
-acceptance reports of the cluster."""
+cluster's acceptance runs, each report downloadable (HTML, or JSON whose SHA-256 the run
+records) from the API's own report routes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import ValidationError
 
+import gpufleet.server.services.acceptance as acceptance_services
 import gpufleet.server.services.checks as checks_services
 from gpufleet.checks.models import CheckKind
 from gpufleet.core.errors import InvalidInput, NotFound
@@ -26,6 +28,7 @@ from gpufleet.server.web.session import WebUser, WebUserDep, first, read_form, s
 router = APIRouter(route_class=HtmlRoute, include_in_schema=False)
 
 RUNS_PAGE = 50
+ACCEPTANCE_RUNS = 20  # the latest; older reports stay reachable through the API
 KIND_HELP = {
     CheckKind.DCGM_DIAG: "DCGM diagnostics on each node (level 1: seconds; 3: ~30 min)",
     CheckKind.NCCL: "NCCL all_reduce across the nodes' GPUs (NVLink and the fabric)",
@@ -52,6 +55,9 @@ async def checks_tab(
             cursor=cursor or None,
             limit=RUNS_PAGE,
         )
+        acceptance = await acceptance_services.list_acceptance_runs(
+            session, caller=user.caller, cluster_id=page.row.id, limit=ACCEPTANCE_RUNS
+        )
     base = f"/clusters/{page.cluster.id}"
     return render_page(
         request,
@@ -63,6 +69,7 @@ async def checks_tab(
             next_url=f"{base}/checks?cursor={runs.next_cursor}" if runs.next_cursor else None,
             kinds=[(k, KIND_HELP[k]) for k in CheckKind],
             prefill_nodes=nodes,
+            acceptance=acceptance.items,
             now=ctx.clock.now(),
         ),
     )

@@ -15,6 +15,7 @@ from gpufleet.server.web import (
     config,
     live,
     login,
+    members,
     nodes,
     overview,
     repairs,
@@ -33,6 +34,7 @@ def console_router() -> APIRouter:
         nodes,
         repairs,
         checks,
+        members,
         live,
     ):
         router.include_router(module.router)

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import RepairStatus
 from gpufleet.server.db.tables import (
+    AcceptanceRunRow,
     CheckRunRow,
     ClusterRow,
     FindingRow,
@@ -39,17 +40,18 @@ async def repair_counts(session: AsyncSession, cluster_id: str) -> tuple[int, st
 
 
 async def checks_version(session: AsyncSession, cluster_id: str) -> str:
-    """Changes when a check run of the cluster is added, moves or finishes."""
-    total, latest, running = (
-        await session.execute(
-            select(
-                func.count(),
-                func.max(CheckRunRow.updated_at),
-                func.count().filter(CheckRunRow.finished_at.is_(None)),
-            ).where(CheckRunRow.cluster_id == cluster_id)
-        )
-    ).one()
-    return f"{total}:{latest.isoformat() if latest else ''}:{running}"
+    """Changes when a check run or an acceptance run of the cluster starts, moves or ends."""
+    parts = []
+    for table in (CheckRunRow, AcceptanceRunRow):
+        total, latest = (
+            await session.execute(
+                select(func.count(), func.max(table.updated_at)).where(
+                    table.cluster_id == cluster_id
+                )
+            )
+        ).one()
+        parts.append(f"{total}:{latest.isoformat() if latest else ''}")
+    return "|".join(parts)
 
 
 async def node_version(session: AsyncSession, node_id: str) -> str:
