@@ -12,6 +12,7 @@ import logging
 import signal
 from pathlib import Path
 
+from gpufleet.agent.access import AccessApplier, AccessSync
 from gpufleet.agent.collectors.base import Collector, EventSource
 from gpufleet.agent.collectors.infiniband import InfinibandCollector
 from gpufleet.agent.collectors.kmsg import KernelLogFollower, make_source
@@ -119,6 +120,20 @@ def build_checks(settings: AgentSettings, collectors: list[Collector]) -> list[S
     return checks
 
 
+def build_access_sync(settings: AgentSettings, client: AgentClient) -> AccessSync | None:
+    """The loop that applies the project's admins to sudoers and Slurm, if turned on."""
+    if not settings.access_sync:
+        return None
+    applier = AccessApplier(
+        state_dir=settings.state_dir,
+        sudoers_path=settings.sudoers_path,
+        visudo=settings.visudo_command,
+        sacctmgr=settings.sacctmgr_command if settings.slurm_admin_levels else None,
+        slurm_account=settings.slurm_account,
+    )
+    return AccessSync(client, applier, interval_s=settings.access_interval_s)
+
+
 def node_serial() -> str | None:
     try:
         text = Path("/sys/class/dmi/id/product_serial").read_text(encoding="utf-8").strip()
@@ -206,9 +221,14 @@ async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None
         settings.server_url,
         ", ".join(c.name for c in collectors) or "none",
     )
+    access = build_access_sync(settings, client)
+    access_task = asyncio.create_task(access.run(stop)) if access is not None else None
     try:
         await agent.run(stop)
     finally:
+        if access_task is not None:
+            stop.set()
+            await access_task
         if commands is not None:
             commands.cancel()  # running commands are killed and recorded failed
             with contextlib.suppress(asyncio.CancelledError, Exception):

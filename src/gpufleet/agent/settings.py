@@ -232,6 +232,43 @@ class AgentSettings(BaseSettings):
     request_timeout_s: float = Field(
         default=10.0, gt=0, description="HTTP timeout per request to the server."
     )
+    access_sync: bool = Field(
+        default=False,
+        description=(
+            "Apply the cluster's access configuration: sudo for its project's admins "
+            "(sudoers_path) and, with slurm_admin_levels, their Slurm AdminLevel. Off by "
+            "default: it writes to /etc/sudoers.d, which an operator turns on knowingly."
+        ),
+    )
+    access_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds between fetches of the access configuration: a membership change "
+            "reaches every node within a minute, at one small GET per node per minute."
+        ),
+    )
+    sudoers_path: Path | None = Field(
+        default=Path("/etc/sudoers.d/gpufleet"),
+        description="The sudoers fragment written (checked by visudo first). Unset: none.",
+    )
+    visudo_command: tuple[str, ...] = Field(
+        default=("visudo",), description="visudo (argv); it runs with -cf <temp file>."
+    )
+    slurm_admin_levels: bool = Field(
+        default=False,
+        description=(
+            "This node runs slurmctld (or may run sacctmgr): set each project member's "
+            "Slurm AdminLevel (admins: Administrator, others: None). One node per cluster."
+        ),
+    )
+    sacctmgr_command: tuple[str, ...] = Field(
+        default=("sacctmgr",), description="sacctmgr (argv), for slurm_admin_levels."
+    )
+    slurm_account: str = Field(
+        default="root",
+        description="Account a project admin missing from slurmdbd is added to.",
+    )
 
     @field_validator("kernel_log")
     @classmethod

@@ -20,10 +20,12 @@ from gpufleet.core.agent_protocol import (
     ReportAck,
     ReportBatch,
 )
+from gpufleet.core.slurm_admins import AccessConfig
 
 REPORTS_PATH = "/api/v1/agent/reports"
 FINDINGS_PATH = "/api/v1/agent/findings"
 EVENTS_PATH = "/api/v1/agent/events"
+ACCESS_PATH = "/api/v1/agent/access"
 COMMANDS_PATH = "/api/v1/agent/commands"
 
 
@@ -95,6 +97,17 @@ class AgentClient:
             f"{COMMANDS_PATH}/{result.id}/result", result.model_dump_json(exclude_none=True)
         )
         return CommandResultAck.model_validate_json(response.content)
+
+    async def get_access(self) -> AccessConfig:
+        """GET who has sudo and Slurm admin on this node's cluster (its project's admins)."""
+        try:
+            response = await self._http.get(
+                self._base_url + ACCESS_PATH, headers=self._headers, timeout=self._timeout_s
+            )
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"{self._base_url}: {exc!r}") from exc
+        raise_for_error(response)
+        return AccessConfig.model_validate_json(response.content)
 
     async def _post(self, path: str, body: str) -> httpx.Response:
         try:

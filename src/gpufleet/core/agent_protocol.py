@@ -133,6 +133,7 @@ class AgentEventKind(StrEnum):
     DAEMON = "node.daemon"  # slurmd / munge restarted by the agent, or given up on
     CLEANUP = "node.cleanup"  # processes a finished job left behind, killed
     GPU_STATE = "node.gpu_state"  # the scheduler's GPU view compared with the hardware
+    ACCESS = "node.access"  # the project's admins applied to sudoers / Slurm, or refused
 
 
 class NodeEvent(_Wire):

@@ -139,6 +139,7 @@ class EventKind(StrEnum):
     NODE_DAEMON = "node.daemon"  # from the agent: slurmd / munge restarted, or given up on
     NODE_CLEANUP = "node.cleanup"  # from the Slurm epilog: a finished job's leftovers killed
     NODE_GPU_STATE = "node.gpu_state"  # from the agent: scheduler's GPU view vs the hardware
+    NODE_ACCESS = "node.access"  # from the agent: sudoers / Slurm AdminLevels applied or refused
     NODE_STARTUP_SCRIPT = "node.startup_script"  # a startup script ran: exit code, output tail
     CLUSTER_UPDATED = "cluster.updated"  # an admin changed the spec (suite, scripts, bounds)
     ACCEPTANCE_OPT_OUT = "cluster.acceptance_opt_out"  # acceptance tests turned off (or on)
