@@ -61,7 +61,7 @@ async def test_every_page_renders_for_admin_and_member(
         member_queue = (await member.get(f"{base}/repairs")).text
         assert "/approve" not in member_queue and "Waiting for a project admin" in member_queue
         member_node = (await member.get(f"{base}/nodes/{fleet.nodes['train-002']['id']}")).text
-        assert "data-confirm data-action" not in member_node and "/actions/" not in member_node
+        assert "/actions" not in member_node  # no node action, not even its confirmation
         assert "Run check" in member_node  # members run active checks
         assert "Only project admins can change" in (await member.get(f"{base}/configuration")).text
 
@@ -126,3 +126,15 @@ async def test_pages_are_compressed_when_the_browser_accepts_it(
     assert "Nodes × GPUs" in response.text  # httpx decodes it
     plain = await admin.get(path, headers={"accept-encoding": "identity"})
     assert "content-encoding" not in plain.headers and "Nodes × GPUs" in plain.text
+
+
+async def test_a_page_that_does_not_exist_is_an_html_404(
+    fleet: Fleet, admin: httpx.AsyncClient
+) -> None:
+    for path in (f"/clusters/{fleet.cluster_id}/nope", "/projects/ml/nope/deeper"):
+        response = await admin.get(path)
+        assert response.status_code == 404, path
+        assert response.headers["content-type"].startswith("text/html")
+        assert "Not found" in response.text
+    api = await admin.get("/api/v1/nope")
+    assert api.status_code == 404 and api.json()["error"]["code"] == "not_found"

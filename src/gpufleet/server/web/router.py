@@ -13,6 +13,7 @@ from gpufleet.server.web import (
     checks,
     cluster,
     config,
+    fallback,
     live,
     login,
     members,
@@ -36,6 +37,7 @@ def console_router() -> APIRouter:
         checks,
         members,
         live,
+        fallback,  # last: a path no page matched
     ):
         router.include_router(module.router)
     return router
