@@ -22,8 +22,10 @@ from apihelpers import create_project
 from gpufleet.core.clock import FakeClock
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.server.app import build_loops
+from gpufleet.server.services.check_backends.sim_tools import sim_host, toolbox_for
 from gpufleet.server.workers.base import LoopService
 from gpufleet.sim.agents import SimFleetRunner
+from gpufleet.sim.programs import ProgramContext, ProgramRegistry, ProgramResult
 from gpufleet.sim.world import SimWorld
 from gpufleet.testing.app import RunningApp, make_settings, running_app
 
@@ -119,6 +121,37 @@ class Bringup:
         assert response.status_code == 202, response.text
 
 
+STEP_S = 15.0  # fake seconds a tick: DCGM level 3 takes 15 min as on real nodes
+# The default suite, lighter: DCGM level 1 (its memory test still sees bad ECC memory),
+# two HCAs. tests/server/test_acceptance.py runs the default suite itself.
+QUICK_SUITE = {
+    "checks": [
+        {"kind": "dcgm-diag", "params": {"level": 1}},
+        {"kind": "nccl"},
+        {"kind": "ib-write-bw", "params": {"hcas": ["mlx5_0", "mlx5_1"]}},
+        {"kind": "nccl", "scope": "cluster"},
+    ]
+}
+CHECK_TOOLS = ("dcgmi", "all_reduce_perf", "mpirun", "ib_write_bw", "gpu_burn")
+
+
+def check_programs(world: SimWorld) -> ProgramRegistry:
+    """The sim's programs, the check tools among them (``sim/check_programs.py``, fed the
+    thresholds' expected figures as the server does)."""
+    registry = ProgramRegistry()
+
+    def tool(ctx: ProgramContext) -> ProgramResult:
+        tools = toolbox_for(world, cluster_id=ctx.cluster_id)
+        host = sim_host(world, cluster_id=ctx.cluster_id, ref=ctx.node_name)
+        assert host is not None, ctx.node_name
+        ran = tools.run(list(ctx.argv), host=host)
+        return ProgramResult(ran.exit_code, ran.stdout, ran.stderr, ran.duration_s)
+
+    for name in CHECK_TOOLS:
+        registry.register(name, tool)
+    return registry
+
+
 @asynccontextmanager
 async def bringup(
     database_url: str,
@@ -148,7 +181,13 @@ async def bringup(
         provider = app.ctx.drivers.provider("sim")
         assert isinstance(provider, SimProvider)
         http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app.app))
-        runner = SimFleetRunner(provider.world, http=http, report_interval_s=0.02, seed=1)
+        runner = SimFleetRunner(
+            provider.world,
+            http=http,
+            report_interval_s=0.02,
+            seed=1,
+            programs=check_programs(provider.world),
+        )
         fleet = Bringup(
             app=app,
             clock=clock,
