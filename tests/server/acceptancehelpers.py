@@ -2,8 +2,8 @@
 
 Every loop of the server runs for real (provisioning, acceptance, the check runner,
 repairs) and so do the simulated agents, through the real agent API over ASGI: they run
-the startup scripts with /bin/sh and the check tools as the sim's programs, whose figures
-follow injected faults. Only time is fake.
+the startup scripts with /bin/sh and the check tools as the sim's programs (registered by
+the app's sim wiring), whose figures follow injected faults. Only time is fake.
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ from apihelpers import create_project
 from gpufleet.core.clock import FakeClock
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.server.app import build_loops
-from gpufleet.server.services.check_backends.sim_tools import sim_host, toolbox_for
 from gpufleet.server.workers.base import LoopService
 from gpufleet.sim.agents import SimFleetRunner
-from gpufleet.sim.programs import ProgramContext, ProgramRegistry, ProgramResult
 from gpufleet.sim.world import SimWorld
 from gpufleet.testing.app import RunningApp, make_settings, running_app
 
@@ -132,24 +130,6 @@ QUICK_SUITE = {
         {"kind": "nccl", "scope": "cluster"},
     ]
 }
-CHECK_TOOLS = ("dcgmi", "all_reduce_perf", "mpirun", "ib_write_bw", "gpu_burn")
-
-
-def check_programs(world: SimWorld) -> ProgramRegistry:
-    """The sim's programs, the check tools among them (``sim/check_programs.py``, fed the
-    thresholds' expected figures as the server does)."""
-    registry = ProgramRegistry()
-
-    def tool(ctx: ProgramContext) -> ProgramResult:
-        tools = toolbox_for(world, cluster_id=ctx.cluster_id)
-        host = sim_host(world, cluster_id=ctx.cluster_id, ref=ctx.node_name)
-        assert host is not None, ctx.node_name
-        ran = tools.run(list(ctx.argv), host=host)
-        return ProgramResult(ran.exit_code, ran.stdout, ran.stderr, ran.duration_s)
-
-    for name in CHECK_TOOLS:
-        registry.register(name, tool)
-    return registry
 
 
 @asynccontextmanager
@@ -186,7 +166,6 @@ async def bringup(
             http=http,
             report_interval_s=0.02,
             seed=1,
-            programs=check_programs(provider.world),
         )
         fleet = Bringup(
             app=app,
