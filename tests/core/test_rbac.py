@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpufleet.core.enums import Role
-from gpufleet.core.rbac import OWNER_ONLY, ROLE_PERMISSIONS, Permission, is_allowed, roles_with
+from gpufleet.core.rbac import (
+    OWNER_ONLY,
+    ROLE_PERMISSIONS,
+    Permission,
+    is_allowed,
+    markdown_table,
+    roles_with,
+)
 
 MEMBER_MAY = {
     Permission.PROJECT_READ,
@@ -78,3 +87,10 @@ def test_owner_only_permissions_are_no_role_s(permission: Permission) -> None:
 def test_roles_with_lists_roles_then_owner() -> None:
     assert roles_with(Permission.CLUSTER_READ) == ["admin", "member", "owner"]
     assert roles_with(Permission.CLUSTER_DELETE) == ["admin", "owner"]
+
+
+def test_the_docs_show_this_matrix() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "auth.md").read_text()
+    start = docs.index("<!-- rbac-table")
+    table = docs[docs.index("\n", start) + 1 : docs.index("<!-- /rbac-table -->")]
+    assert table == markdown_table(), "regenerate docs/auth.md's table: core.rbac.markdown_table()"

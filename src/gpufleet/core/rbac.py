@@ -47,7 +47,7 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.CLUSTER_CREATE: "create clusters and change their settings",
     Permission.CLUSTER_DELETE: "delete clusters",
     Permission.NODE_READ: "see nodes and GPUs",
-    Permission.NODE_ACTION: "cordon, drain, reboot, reprovision, replace, remove nodes",
+    Permission.NODE_ACTION: "node actions (cordon, drain, reboot...), commands, acceptance runs",
     Permission.EVENT_READ: "see the timeline",
     Permission.FINDING_READ: "see findings",
     Permission.REPAIR_READ: "see repairs, the breaker, the repair policy; replay it",
@@ -108,3 +108,16 @@ def roles_with(permission: Permission) -> list[str]:
     """Who holds ``permission``, as the docs' table lists it: roles, then "owner"."""
     holders = [role.value for role in Role if permission in ROLE_PERMISSIONS[role]]
     return [*holders, "owner"]
+
+
+def markdown_table() -> str:
+    """The permission matrix as docs/auth.md shows it (a test keeps the two equal)."""
+    lines = ["| Permission | What it allows | member | admin | owner |", "|---|---|:-:|:-:|:-:|"]
+    for permission in Permission:
+        marks = [
+            "✓" if permission in ROLE_PERMISSIONS[Role.MEMBER] else "",
+            "✓" if permission in ROLE_PERMISSIONS[Role.ADMIN] else "",
+            "✓",
+        ]
+        lines.append(f"| `{permission.value}` | {DESCRIPTIONS[permission]} | {' | '.join(marks)} |")
+    return "\n".join(lines) + "\n"
