@@ -19,7 +19,12 @@ from sqlalchemy import func, select
 
 from gpufleet.agent.commands import CommandChannel, CommandJournal
 from gpufleet.client.agent import AgentClient
-from gpufleet.core.agent_protocol import AGENT_RESTARTED, NodeCommand, script_argv
+from gpufleet.core.agent_protocol import (
+    AGENT_RESTARTED,
+    MAX_EXPIRES_IN_S,
+    NodeCommand,
+    script_argv,
+)
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.ids import new_id
 from gpufleet.server.db.engine import Database
@@ -27,6 +32,7 @@ from gpufleet.server.db.tables import AuditLogRow, EventRow, NodeCommandRow
 from gpufleet.server.services.command_signals import signals_for
 from gpufleet.server.services.node_commands import (
     ANSWER_GRACE_S,
+    RETENTION_S,
     enqueue_command,
     get_command,
     list_commands,
@@ -293,6 +299,14 @@ async def test_commands_expire_untaken_or_unanswered(
     assert told.json()["cancel"] == [taken["id"]]
     late = await answer(app, token, taken["id"], exit_code=0)
     assert late.json()["late"] is True and late.json()["status"] == "expired"
+
+    # A month on, ended commands are deleted; one still waiting is not.
+    waiting = await run(app, node["id"], argv=["true"], expires_in_s=MAX_EXPIRES_IN_S)
+    clock.advance(RETENTION_S + 1)
+    await loop.run_once()  # the waiting one expires now; the two older ones go
+    listed = (await app.client.get(f"/api/v1/nodes/{node['id']}/commands")).json()["items"]
+    assert [c["id"] for c in listed] == [waiting["id"]]
+    assert listed[0]["status"] == "expired"
 
 
 async def test_a_waiting_poll_returns_when_a_command_is_queued(app: RunningApp) -> None:

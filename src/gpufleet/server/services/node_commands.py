@@ -26,7 +26,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import (
@@ -62,6 +62,9 @@ from gpufleet.server.services.nodes import get_node_row_or_error
 # and a few retries of the result POST. A later result is kept as late.
 ANSWER_GRACE_S = 120.0
 SWEEP_BATCH = 500
+# Ended commands (with their output) are kept this long, then deleted: a month of
+# acceptance runs on a 1,000-node fleet is ~100k rows; their events and audit rows stay.
+RETENTION_S = 30 * 86_400.0
 _CLOSED_NODES = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
 
 
@@ -342,6 +345,25 @@ async def expire_commands(session: AsyncSession, *, now: dt.datetime) -> int:
         if row.sent_at is not None:
             notify_after_commit(session, row.node_id, pending=False)
     return len(rows)
+
+
+async def prune_commands(session: AsyncSession, *, now: dt.datetime) -> int:
+    """Delete ended commands last changed more than ``RETENTION_S`` ago (at most
+    ``SWEEP_BATCH`` per call). Returns how many."""
+    cutoff = now - dt.timedelta(seconds=RETENTION_S)
+    ids = list(
+        await session.scalars(
+            select(NodeCommandRow.id)
+            .where(
+                NodeCommandRow.status.in_([s.value for s in FINAL_COMMAND_STATUSES]),
+                NodeCommandRow.updated_at < cutoff,
+            )
+            .limit(SWEEP_BATCH)
+        )
+    )
+    if ids:
+        await session.execute(delete(NodeCommandRow).where(NodeCommandRow.id.in_(ids)))
+    return len(ids)
 
 
 # -- the agent's side -------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The command expiry loop: commands no agent took, or answered, in time end ``expired``."""
+"""The command expiry loop: commands no agent took, or answered, in time end ``expired``;
+ended ones are deleted after ``RETENTION_S``."""
 
 from __future__ import annotations
 
-from gpufleet.server.services.node_commands import SWEEP_BATCH, expire_commands
+from gpufleet.server.services.node_commands import SWEEP_BATCH, expire_commands, prune_commands
 from gpufleet.server.workers.base import LoopService
 
 
@@ -10,8 +11,9 @@ class CommandExpiryLoop(LoopService):
     name = "node-commands"
 
     async def run_once(self) -> None:
-        while True:
-            async with self.db.transaction() as session:
-                expired = await expire_commands(session, now=self.clock.now())
-            if expired < SWEEP_BATCH:
-                return
+        for sweep in (expire_commands, prune_commands):
+            while True:
+                async with self.db.transaction() as session:
+                    done = await sweep(session, now=self.clock.now())
+                if done < SWEEP_BATCH:
+                    break
