@@ -482,3 +482,22 @@ def _names(body: Any) -> set[str]:
 
 def _id_in(url: str, ids: set[str]) -> str:
     return next((i for i in ids if i in url), "pb")
+
+
+async def test_a_node_token_reaches_only_its_own_node(app: RunningApp) -> None:
+    """pa's node token: its own cluster's access, none of pb's commands, no user route."""
+    world = await build_world(app)
+    async with world.client("node") as node:
+        access = await node.get("/api/v1/agent/access")
+        assert access.json()["cluster_id"] == world.a.cluster["id"]
+        result = {**_command_result(world, {}), "id": world.b.command_id}
+        foreign = await node.post(
+            f"/api/v1/agent/commands/{world.b.command_id}/result", json=result
+        )
+        assert foreign.status_code == 404, foreign.text
+        for url in (f"/api/v1/nodes/{world.a.node['id']}", "/api/v1/me", "/api/v1/projects"):
+            assert (await node.get(url)).status_code == 401, url
+    record = await app.client.get(
+        f"/api/v1/nodes/{world.b.node['id']}/commands/{world.b.command_id}"
+    )
+    assert record.json()["status"] == "pending"
