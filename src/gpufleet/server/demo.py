@@ -77,7 +77,8 @@ async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> st
                 gpu_model=DEFAULT_GPU_MODEL,
                 gpus_per_node=DEMO_GPUS_PER_NODE,
                 size=DEMO_NODES,
-                acceptance_tests=False,
+                # The default suite, on check tools sped up 100× (demo_settings).
+                acceptance_tests=True,
             ),
         )
         if slurm is not None:

@@ -68,6 +68,9 @@ def demo_settings(
         "sim_reboot_delay_s": (5.0, 15.0),
         # One background fault in four is broken hardware a reboot does not fix.
         "sim_sticky_share": 0.25,
+        # Check tools at 1/100 of their real durations: the demo cluster's acceptance
+        # suite (DCGM level 3 is 15 min on a real node) is over in seconds.
+        "sim_program_time_scale": 0.01,
     }
     for name, value in defaults.items():
         if f"GPUFLEET_{name.upper()}" not in os.environ:

@@ -111,6 +111,16 @@ class ServerSettings(BaseSettings):
             "fixes the fault)."
         ),
     )
+    sim_program_time_scale: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description=(
+            "Simulated nodes' programs (dcgmi, all_reduce_perf, ib_write_bw, gpu_burn) take "
+            "this share of what the real tools take, in simulated time (1: DCGM level 3 "
+            "takes 15 min, as on a real node; the demo uses 0.01 so acceptance takes seconds)."
+        ),
+    )
     sim_busy_share: tuple[float, float] = Field(
         default=(0.6, 0.8),
         description="Share of a sim cluster's nodes its simulated users keep busy with jobs.",

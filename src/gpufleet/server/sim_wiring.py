@@ -55,5 +55,9 @@ def build_sim(settings: ServerSettings, *, clock: Clock) -> SimBundle:
         world=world,
         provider=provider,
         scheduler=SimScheduler(world),
-        runner=SimFleetRunner(world, report_interval_s=settings.report_interval_s),
+        runner=SimFleetRunner(
+            world,
+            report_interval_s=settings.report_interval_s,
+            program_time_scale=settings.sim_program_time_scale,
+        ),
     )

@@ -76,8 +76,12 @@ class SimFleetRunner:
         max_unsent_reports: int = 60,
         seed: int | None = None,
         programs: ProgramRegistry | None = None,
+        program_time_scale: float = 1.0,
     ) -> None:
         self._world = world
+        # Programs take this share of what the real tools would (a demo: DCGM level 3 in
+        # seconds rather than 15 minutes).
+        self._program_time_scale = program_time_scale
         self._http = http
         self._own_http = False
         self._interval_s = report_interval_s
@@ -225,6 +229,7 @@ class SimFleetRunner:
                     programs=self._programs,
                     interval_s=self._interval_s,
                     on_error=on_error,
+                    time_scale=self._program_time_scale,
                 )
             except Exception as exc:  # a bug here must not stop the node's reports
                 self._counters.errors += 1

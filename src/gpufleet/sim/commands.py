@@ -74,8 +74,10 @@ async def run_commands(
     programs: ProgramRegistry,
     interval_s: float,
     on_error: Callable[[Exception], None],
+    time_scale: float = 1.0,
 ) -> None:
-    """The agent side of the channel for one boot of one machine, until cancelled."""
+    """The agent side of the channel for one boot of one machine, until cancelled.
+    ``time_scale``: programs take this share of their simulated ``duration_s``."""
     boot_id = sim_boot_id(instance)
     clock = world.clock
     state.fail_running(AGENT_RESTARTED, now=clock.now(), boot_id=boot_id)  # rebooted under it
@@ -122,6 +124,7 @@ async def run_commands(
                         boot_id=boot_id,
                         cancel=cancel,
                         check_s=min(interval_s, 0.5),
+                        time_scale=time_scale,
                     ),
                     name=f"sim-command-{command.id}",
                 )
@@ -154,6 +157,7 @@ async def _simulate(
     boot_id: str,
     cancel: asyncio.Event,
     check_s: float,
+    time_scale: float = 1.0,
 ) -> None:
     started = clock.now()
     iid = instance.instance_id
@@ -169,8 +173,9 @@ async def _simulate(
     )
     # A worker thread: the real shell blocks, and programs may take the world's lock.
     outcome = await asyncio.to_thread(programs.run, ctx)
-    timed_out = outcome.duration_s > command.timeout_s
-    end = started + dt.timedelta(seconds=command.timeout_s if timed_out else outcome.duration_s)
+    duration = outcome.duration_s * time_scale
+    timed_out = duration > command.timeout_s
+    end = started + dt.timedelta(seconds=command.timeout_s if timed_out else duration)
     cancelled = False
     while clock.now() < end and not cancelled:
         with contextlib.suppress(TimeoutError):
