@@ -72,7 +72,10 @@ def _wait(predicate: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
 
 
 def _make_cluster(fleet: Fleet, *, name: str, project: str, size: int) -> None:
-    fleet.ok("clusters", "create", name, "--project", project, "--size", str(size))
+    fleet.ok(
+        "clusters", "create", name, "--project", project, "--size", str(size),
+        "--no-acceptance-tests",
+    )  # fmt: skip
 
     def ready() -> bool:
         nodes = fleet.json("nodes", "list", "--cluster", name)["items"]

@@ -32,7 +32,10 @@ def test_usage_reports_gpu_hours_of_finished_jobs(tmp_path: Path) -> None:
         token = token_file.read_text().strip()
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
         assert api.post("/api/v1/projects", json={"name": "ml"}).status_code == 201
-        created = api.post("/api/v1/clusters", json={"project": "ml", "name": "c1", "size": 2})
+        created = api.post(
+            "/api/v1/clusters",
+            json={"project": "ml", "name": "c1", "size": 2, "acceptance_tests": False},
+        )
         assert created.status_code == 201, created.text
         deadline = time.monotonic() + 60
         while True:

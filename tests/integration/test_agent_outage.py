@@ -338,7 +338,10 @@ def _check_findings(
 def test_agent_findings_survive_server_and_agent_restarts(stack: Stack) -> None:
     api, tmp = stack.api, stack.tmp
     assert api.post("/api/v1/projects", json={"name": "ml"}).status_code == 201
-    created = api.post("/api/v1/clusters", json={"project": "ml", "name": "c1", "size": 1})
+    created = api.post(
+        "/api/v1/clusters",
+        json={"project": "ml", "name": "c1", "size": 1, "acceptance_tests": False},
+    )
     assert created.status_code == 201, created.text
     cluster_id = created.json()["id"]
 

@@ -59,7 +59,10 @@ def test_a_crash_inside_each_step_still_completes_the_repair_exactly_once(
         assert api.post("/api/v1/projects", json={"name": "ml"}).status_code == 201
         policy = {"verify_settle_s": 1.0, "verify_timeout_s": 60.0, "breaker_max_share": 0.5}
         assert api.put("/api/v1/projects/ml/repair-policy", json=policy).status_code == 200
-        created = api.post("/api/v1/clusters", json={"project": "ml", "name": "c1", "size": 2})
+        created = api.post(
+            "/api/v1/clusters",
+            json={"project": "ml", "name": "c1", "size": 2, "acceptance_tests": False},
+        )
         assert created.status_code == 201, created.text
         cluster_id = created.json()["id"]
         _wait(

@@ -59,7 +59,12 @@ def test_kill_during_provisioning_converges_without_duplicates(
     token = (tmp_path / "owner-token").read_text().strip()
     api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
     assert api.post("/api/v1/projects", json={"name": "ml"}).status_code == 201
-    created = api.post("/api/v1/clusters", json={"project": "ml", "name": "c1", "size": SIZE})
+    # Acceptance off: this is about provisioning (tests/integration/test_acceptance_restart.py
+    # kills the server mid-acceptance).
+    created = api.post(
+        "/api/v1/clusters",
+        json={"project": "ml", "name": "c1", "size": SIZE, "acceptance_tests": False},
+    )
     assert created.status_code == 201, created.text
     cluster_id = created.json()["id"]
 
