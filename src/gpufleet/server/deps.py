@@ -69,24 +69,28 @@ def client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
+async def _resolve_caller(request: Request, ctx: AppContext, session: AsyncSession) -> Caller:
+    source_ip = client_ip(request)
+    secret = request.cookies.get(SESSION_COOKIE)
+    if "authorization" in request.headers or not secret:
+        return await resolve_caller(session, token=bearer_token(request), source_ip=source_ip)
+    if request.method not in SAFE_METHODS:
+        check_csrf(secret=secret, header=request.headers.get(CSRF_HEADER))
+    return await resolve_session_caller(
+        session, secret=secret, now=ctx.clock.now(), source_ip=source_ip
+    )
+
+
 async def get_caller(request: Request, ctx: CtxDep) -> Caller:
     """The caller by bearer token, else by console session cookie (with CSRF rules).
 
     A bearer token wins when both come: API clients are never subject to the cookie's
     CSRF check, and a browser cannot be made to send an Authorization header cross-site.
     """
-    source_ip = client_ip(request)
-    secret = request.cookies.get(SESSION_COOKIE)
-    if "authorization" in request.headers or not secret:
-        token = bearer_token(request)
-        async with ctx.db.transaction() as session:
-            return await resolve_caller(session, token=token, source_ip=source_ip)
-    if request.method not in SAFE_METHODS:
-        check_csrf(secret=secret, header=request.headers.get(CSRF_HEADER))
+    if "authorization" in request.headers or not request.cookies.get(SESSION_COOKIE):
+        bearer_token(request)  # 401 before the store is touched
     async with ctx.db.transaction() as session:
-        return await resolve_session_caller(
-            session, secret=secret, now=ctx.clock.now(), source_ip=source_ip
-        )
+        return await _resolve_caller(request, ctx, session)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
@@ -247,13 +251,16 @@ class Guard:
     def __repr__(self) -> str:
         return f"Allow({self.permission.value if self.permission else 'signed-in'})"
 
-    async def __call__(self, request: Request, ctx: CtxDep, caller: CallerDep) -> Caller:
+    async def __call__(self, request: Request, ctx: CtxDep) -> Caller:
+        if "authorization" in request.headers or not request.cookies.get(SESSION_COOKIE):
+            bearer_token(request)  # 401 before the store is touched
         refs = await _refs(request)
         scopes: list[tuple[_Ref, Scope | None]] = []
-        if refs:
-            async with ctx.db.session() as session:
-                for ref in refs:
-                    scopes.append((ref, await RESOLVERS[ref.kind](session, ref.value)))
+        # One transaction for the caller and the objects: a store round trip less.
+        async with ctx.db.transaction() as session:
+            caller = await _resolve_caller(request, ctx, session)
+            for ref in refs:
+                scopes.append((ref, await RESOLVERS[ref.kind](session, ref.value)))
         self._note_target(caller, scopes)
         permission = self.permission
         if permission is None:
