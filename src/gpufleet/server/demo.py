@@ -8,6 +8,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpufleet.core.acceptance import AcceptanceScope, AcceptanceSuite, SuiteCheck
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.errors import Unauthorized
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
@@ -27,6 +28,17 @@ DEMO_CLUSTER = "demo"
 DEMO_NODES = 16
 DEMO_GPUS_PER_NODE = 8
 TOKEN_FILE = "demo-token"  # noqa: S105 - a file name
+# The default acceptance suite with one HCA instead of eight (each node's agent runs one
+# command at a time): with the demo's sped-up check tools the cluster is ready in a
+# minute or so.
+DEMO_ACCEPTANCE_SUITE = AcceptanceSuite(
+    checks=[
+        SuiteCheck(kind="dcgm-diag", params={"level": 3}),
+        SuiteCheck(kind="nccl"),
+        SuiteCheck(kind="ib-write-bw", params={"hcas": ["mlx5_0"]}),
+        SuiteCheck(kind="nccl", scope=AcceptanceScope.CLUSTER),
+    ]
+)
 # Demo-sized waits: a drain gives jobs 2 minutes, then requeues them; a repaired node is
 # watched for 10 s. Nothing is auto-approved: repairs wait for `gpufleet repairs approve`.
 DEMO_REPAIR_POLICY = RepairPolicyRequest(
@@ -77,8 +89,9 @@ async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> st
                 gpu_model=DEFAULT_GPU_MODEL,
                 gpus_per_node=DEMO_GPUS_PER_NODE,
                 size=DEMO_NODES,
-                # The default suite, on check tools sped up 100× (demo_settings).
+                # On check tools sped up 100× (demo_settings).
                 acceptance_tests=True,
+                acceptance_suite=DEMO_ACCEPTANCE_SUITE,
             ),
         )
         if slurm is not None:
