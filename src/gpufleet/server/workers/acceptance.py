@@ -29,8 +29,9 @@ from sqlalchemy import select
 
 from gpufleet.core.acceptance import AcceptanceScope, AcceptanceTrigger
 from gpufleet.core.enums import ClusterStatus, NodeState
+from gpufleet.core.repair.models import ACTIVE_STATUSES
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
-from gpufleet.server.db.tables import AcceptanceRunRow, ClusterRow, NodeRow
+from gpufleet.server.db.tables import AcceptanceRunRow, ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.services.acceptance import (
@@ -106,6 +107,17 @@ class AcceptanceLoop(AcceptanceSteps):
                 select(AcceptanceRunRow.node_ids).where(AcceptanceRunRow.stage != "done")
             ):
                 covered.update(str(n) for n in node_ids or [])
+            # A node a repair put in acceptance is the repair's to move on (its run may
+            # have ended a moment before the repair reads it).
+            covered.update(
+                str(n)
+                for n in await session.scalars(
+                    select(RepairRow.node_id).where(
+                        RepairRow.status.in_([s.value for s in ACTIVE_STATUSES]),
+                        RepairRow.node_id.is_not(None),
+                    )
+                )
+            )
             rows = (
                 await session.execute(
                     select(NodeRow.id, NodeRow.cluster_id).where(
