@@ -135,6 +135,40 @@ class AcceptanceLoop(AcceptanceSteps):
             except Exception:
                 log.exception("acceptance: cluster %s: adopting nodes failed", cluster_id)
 
+    async def _left_in_acceptance(self, cluster_ids: list[str]) -> set[str]:
+        """Nodes the last run that tested them left in acceptance on purpose (a failure
+        pinned on nobody, a skip): they wait for an admin's run, not for another
+        automatic one (which would fail the same way, forever)."""
+        async with self.db.session() as session:
+            # Not the report column: it is the big one.
+            runs = (
+                await session.execute(
+                    select(
+                        AcceptanceRunRow.node_ids,
+                        AcceptanceRunRow.results,
+                        AcceptanceRunRow.status,
+                    )
+                    .where(
+                        AcceptanceRunRow.cluster_id.in_(cluster_ids),
+                        AcceptanceRunRow.stage == "done",
+                        AcceptanceRunRow.trigger != AcceptanceTrigger.REPAIR.value,
+                    )
+                    .order_by(AcceptanceRunRow.id.desc())
+                )
+            ).all()
+        seen: set[str] = set()
+        left: set[str] = set()
+        for node_ids, results, status in runs:  # newest first: a node's last run decides
+            outcomes = (results or {}).get("nodes") or {}
+            for node_id in node_ids or []:
+                if node_id in seen:
+                    continue
+                seen.add(node_id)
+                outcome = (outcomes.get(node_id) or {}).get("outcome")
+                if status != "cancelled" and outcome not in ("pass", "warn"):
+                    left.add(node_id)
+        return left
+
     async def _adopt(self, cluster_id: str, node_ids: list[str]) -> None:
         async with self.db.session() as session:
             cluster = await session.get(ClusterRow, cluster_id)
@@ -142,6 +176,10 @@ class AcceptanceLoop(AcceptanceSteps):
             return
         if not cluster.acceptance_tests:
             await self._release(cluster, node_ids)
+            return
+        left = await self._left_in_acceptance([cluster_id])
+        node_ids = [n for n in node_ids if n not in left]
+        if not node_ids:
             return
         async with self.db.transaction() as session:
             locked = await session.get(ClusterRow, cluster_id, with_for_update=True)
