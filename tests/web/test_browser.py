@@ -96,7 +96,8 @@ def idp(port: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def console(port: int, idp: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
-    """``gpufleet demo``: 16 healthy sim nodes of 8 GPUs, SSO through the test IdP."""
+    """``gpufleet demo``: 16 healthy sim nodes of 8 GPUs in service, SSO through the
+    test IdP."""
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (never playwright install)")
     workdir = tmp_path_factory.mktemp("console")
@@ -121,7 +122,8 @@ def console(port: int, idp: str, tmp_path_factory: pytest.TempPathFactory) -> It
             deadline = time.monotonic() + 60
             while True:
                 status = api.get(f"/api/v1/clusters/{cluster['id']}/status").json()
-                if status["nodes"]["by_health"].get("healthy") == 16:
+                nodes = status["nodes"]
+                if nodes["by_health"].get("healthy") == nodes["by_state"].get("in_service") == 16:
                     break
                 assert time.monotonic() < deadline, f"demo not healthy: {status}"
                 time.sleep(0.3)
