@@ -107,6 +107,7 @@ async def test_show_and_status(app: RunningApp) -> None:
         "id": cluster["id"],
         "name": "train",
         "status": "provisioning",
+        "status_detail": "",
         "health": "unknown",
         "size": 2,
         "nodes": {

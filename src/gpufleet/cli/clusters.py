@@ -102,12 +102,18 @@ def _render_one(c: Cluster) -> None:
         ("id", c.id),
         ("project", c.project_id),
         ("status", state_text(c.status.value)),
+        ("detail", c.status_detail or "-"),
         ("health", health_text(c.health.value)),
         ("size", str(c.size)),
         ("gpus", f"{c.gpus_per_node} x {c.gpu_model} per node"),
         ("scheduler", c.scheduler.value),
         ("provider", c.provider.value),
-        ("acceptance tests", "on" if c.acceptance_tests else "off"),
+        (
+            "acceptance tests",
+            ", ".join(check.label for check in c.acceptance_suite.checks)
+            if c.acceptance_tests
+            else "off (opted out)",
+        ),
         ("autoscale", autoscale),
         ("labels", ", ".join(f"{k}={v}" for k, v in sorted(c.labels.items())) or "-"),
         ("startup scripts", str(len(c.startup_scripts))),
@@ -123,6 +129,7 @@ def _render_status(s: ClusterStatusReport) -> None:
         ("name", s.name),
         ("id", s.id),
         ("status", state_text(s.status.value)),
+        ("detail", s.status_detail or "-"),
         ("health", health_text(s.health.value)),
         ("size", str(s.size)),
         *_node_rows(s.nodes),

@@ -91,6 +91,7 @@ class ClusterStatusReport(BaseModel):
     health: Health
     size: int
     nodes: NodeCounts
+    status_detail: str = ""  # why, e.g. the nodes that failed acceptance
 
 
 class NodeAction(StrEnum):

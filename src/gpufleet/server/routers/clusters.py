@@ -77,6 +77,7 @@ async def get_cluster_status(
         "id": cluster.id,
         "name": cluster.name,
         "status": cluster.status.value,
+        "status_detail": cluster.status_detail,
         "health": cluster.health.value,
         "size": cluster.size,
         "nodes": cluster.nodes.model_dump(mode="json") if cluster.nodes else None,
