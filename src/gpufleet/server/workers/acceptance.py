@@ -30,7 +30,7 @@ from sqlalchemy import select
 from gpufleet.core.acceptance import AcceptanceScope, AcceptanceTrigger
 from gpufleet.core.enums import ClusterStatus, NodeState
 from gpufleet.core.repair.models import ACTIVE_STATUSES
-from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
+from gpufleet.schedulers.base import SupportsDrain
 from gpufleet.server.db.tables import AcceptanceRunRow, ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.failpoints import Failpoints
@@ -47,7 +47,6 @@ from gpufleet.server.workers.base import LoopDeps
 
 log = logging.getLogger(__name__)
 
-ACCEPTANCE_DRAIN_REASON = f"{DRAIN_REASON_PREFIX} acceptance"
 _COMING_UP = [ClusterStatus.PROVISIONING.value, ClusterStatus.ACCEPTANCE.value]
 
 
