@@ -146,7 +146,13 @@ async def create_node(url: str, owner: str, data_dir: Path) -> tuple[str, str, s
         (await api.post("/api/v1/projects", json={"name": "bench"})).raise_for_status()
         r = await api.post(
             "/api/v1/clusters",
-            json={"project": "bench", "name": "detect", "size": 1, "gpus_per_node": 8},
+            json={
+                "project": "bench",
+                "name": "detect",
+                "size": 1,
+                "gpus_per_node": 8,
+                "acceptance_tests": False,  # measured here: detection, not acceptance
+            },
         )
         r.raise_for_status()
         cid = str(r.json()["id"])

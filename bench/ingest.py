@@ -527,6 +527,7 @@ async def create_fleet(url: str, owner_token: str, *, nodes: int, timeout_s: flo
                     "name": f"bench-{k}",
                     "size": size,
                     "gpus_per_node": GPUS_PER_NODE,
+                    "acceptance_tests": False,  # measured here: ingest, not acceptance
                 },
             )
             r.raise_for_status()

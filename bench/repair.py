@@ -326,7 +326,13 @@ async def build_fleet(app: RunningApp, *, size: int, timeout_s: float) -> tuple[
     r.raise_for_status()
     r = await app.client.post(
         "/api/v1/clusters",
-        json={"project": PROJECT, "name": "fleet", "size": size, "gpus_per_node": GPUS_PER_NODE},
+        json={
+            "project": PROJECT,
+            "name": "fleet",
+            "size": size,
+            "gpus_per_node": GPUS_PER_NODE,
+            "acceptance_tests": False,  # measured here: repairs, not acceptance
+        },
     )
     r.raise_for_status()
     cluster_id = str(r.json()["id"])
