@@ -190,6 +190,49 @@ async def test_one_bad_node_is_named_and_the_cluster_is_not_ready(
         assert repairs[0]["action"] in ("reset_gpu", "reboot", "reprovision")
 
 
+async def test_a_slow_ring_waits_for_localisation_and_names_its_node(
+    database_url: str, tmp_path: Path
+) -> None:
+    # No ib_write_bw in this suite: a downgraded InfiniBand port on train-001 passes every
+    # node-level check and shows only in the all-reduce across the cluster, which blames
+    # nobody by itself; the bisection it starts names the node.
+    suite = {"checks": [c for c in QUICK_SUITE["checks"] if c["kind"] != "ib-write-bw"]}
+    async with bringup(database_url, tmp_path, step_s=STEP_S) as fleet:
+        cluster = await _create(fleet, acceptance_suite=suite)
+        cid = cluster["id"]
+
+        async def booted() -> dict[str, Any] | None:
+            bad = (await fleet.nodes(cid))["train-001"]
+            return bad if bad["provider_instance_id"] else None
+
+        bad = await fleet.until(booted, what="train-001 has a machine")
+        await fleet.inject(bad["id"], "ib-rate-downgrade", sticky=True)
+        settled = await fleet.until(
+            lambda: fleet.status_is(cid, "ready", "degraded"), ticks=400, what="cluster settled"
+        )
+        assert settled["status"] == "degraded", await fleet.describe()
+        nodes = await fleet.nodes(cid)
+        assert nodes["train-001"]["state"] == "cordoned", await fleet.describe()
+        assert {n["state"] for name, n in nodes.items() if name != "train-001"} == {"in_service"}
+        (run,) = await fleet.runs(cid)
+        assert (run["status"], run["failed_nodes"]) == ("failed", ["train-001"])
+        assert "not pinned" not in run["detail"]
+        async with fleet.app.ctx.db.session() as session:
+            localisations = list(
+                await session.scalars(
+                    select(CheckRunRow).where(
+                        CheckRunRow.purpose == "localisation", CheckRunRow.parent_id.is_not(None)
+                    )
+                )
+            )
+        top = [r for r in localisations if r.parent_id in run["check_run_ids"]]
+        assert len(top) == 1 and top[0].status == "failed"
+        # The verdict came after the bisection, not before it.
+        assert run["finished_at"] >= top[0].finished_at.isoformat()[:19]
+        report, _digest = await _report(fleet, run["id"])
+        assert report["summary"]["failed_nodes"] == ["train-001"]
+
+
 async def test_opt_out_skips_the_suite_with_an_event(database_url: str, tmp_path: Path) -> None:
     async with bringup(database_url, tmp_path, step_s=STEP_S) as fleet:
         cluster = await _create(fleet, acceptance_tests=False)

@@ -591,10 +591,29 @@ class AcceptanceSteps(LoopService):
         if not ids:
             return {}
         async with self.db.session() as session:
-            return {
+            rows = {
                 r.id: r
                 for r in await session.scalars(select(CheckRunRow).where(CheckRunRow.id.in_(ids)))
             }
+            # A localisation child that ended without writing back (cancelled, timed out):
+            # its parent has said all it will; mark it so in this copy (not stored).
+            children = {r.id: child for r in rows.values() if (child := _localising(r))}
+            if children:
+                ended = set(
+                    await session.scalars(
+                        select(CheckRunRow.id).where(
+                            CheckRunRow.id.in_(list(children.values())),
+                            CheckRunRow.status.in_([s.value for s in ENDED]),
+                        )
+                    )
+                )
+                for parent_id, child_id in children.items():
+                    if child_id in ended:
+                        row = rows[parent_id]
+                        session.expunge(row)
+                        loc = {**row.result["localisation"], "status": "ended"}
+                        row.result = {**row.result, "localisation": loc}
+            return rows
 
     async def _names(self, node_ids: Sequence[str]) -> dict[str, str]:
         async with self.db.session() as session:
@@ -620,7 +639,20 @@ class AcceptanceSteps(LoopService):
 
 
 def _ended(row: CheckRunRow | None) -> bool:
-    return row is None or CheckStatus(row.status) in ENDED
+    """The check has its final say: it ended, and a localisation it started has ended
+    too (``_check_rows`` looks at the child). Judging before that would blame nobody."""
+    if row is None:
+        return True
+    return CheckStatus(row.status) in ENDED and _localising(row) is None
+
+
+def _localising(row: CheckRunRow) -> str | None:
+    """The id of the localisation run this failed multi-node NCCL run started, while its
+    result still says it runs (the child writes what it pinned back when it ends)."""
+    loc = (row.result or {}).get("localisation")
+    if isinstance(loc, dict) and loc.get("status") in ("pending", "running"):
+        return str(loc.get("run_id") or "") or None
+    return None
 
 
 def _params(check: SuiteCheck, fabric: str | None) -> dict[str, Any]:
