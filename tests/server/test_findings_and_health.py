@@ -19,6 +19,7 @@ from apihelpers import (
 
 from gpufleet.core.clock import FakeClock
 from gpufleet.server.app import build_loops
+from gpufleet.server.workers.health import HealthLoop
 from gpufleet.testing.app import RunningApp
 
 ALL_HEALTH = {"healthy", "degraded", "unhealthy", "unknown"}
@@ -155,6 +156,10 @@ async def test_list_findings_filters_and_pages(app: RunningApp) -> None:
     assert rest.json()["next_cursor"] is None
 
 
+def _health_loop(app: RunningApp) -> HealthLoop:
+    return next(loop for loop in build_loops(app.ctx) if isinstance(loop, HealthLoop))
+
+
 async def test_silent_node_becomes_unknown_and_recovers(
     clocked_app: RunningApp, clock: FakeClock
 ) -> None:
@@ -170,7 +175,7 @@ async def test_silent_node_becomes_unknown_and_recovers(
     clock.advance(STALENESS_S / 2)
     await send_report(app, b["token"], report_batch(2))  # b keeps reporting; a goes silent
     clock.advance(STALENESS_S / 2 + 1)
-    health_loop = build_loops(app.ctx)[1]
+    health_loop = _health_loop(app)
     await health_loop.run_once()
 
     assert await _health(app, a["id"]) == "unknown"
@@ -218,5 +223,5 @@ async def test_silent_node_with_critical_finding_stays_unhealthy(
     await send_report(app, node["token"], report_batch(1))
     assert await _health(app, node["id"]) == "unhealthy"
     clock.advance(STALENESS_S + 1)
-    await build_loops(app.ctx)[1].run_once()
+    await _health_loop(app).run_once()
     assert await _health(app, node["id"]) == "unhealthy"
