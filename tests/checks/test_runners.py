@@ -13,6 +13,7 @@ from gpufleet.checks.aggregate import InvocationOutput, NodeInfo, RunVerdict, ju
 from gpufleet.checks.models import CheckKind
 from gpufleet.checks.runners import (
     DCGM_TIMEOUT_S,
+    IB_TIMEOUT_S,
     Launcher,
     NodeTarget,
     normalise_params,
@@ -316,3 +317,13 @@ def test_ib_blames_the_node_in_both_failed_pairs_or_reports_a_link() -> None:
     pair = _run_sim(CheckKind.IB_WRITE_BW, two)
     assert pair.outcome == "fail" and pair.blames == []
     assert any("either end" in r["message"] for r in pair.result["reasons"])
+
+
+def test_a_serial_limit_sums_what_each_node_runs() -> None:
+    # ib_write_bw around a ring of 3 on 2 HCAs: each node is a server and a client per HCA.
+    nodes = [NodeTarget(name=f"n{i}", host=f"n{i}", gpus=8) for i in range(3)]
+    params = normalise_params(CheckKind.IB_WRITE_BW, {"hcas": ["mlx5_0", "mlx5_1"]}, nodes=3)
+    plan = plan_check(CheckKind.IB_WRITE_BW, nodes=nodes, params=params, launcher=Launcher.MPIRUN)
+    assert len(plan.invocations) == 12
+    assert plan.timeout_s == IB_TIMEOUT_S  # all at once: a Slurm job's steps
+    assert plan.serial_timeout_s == 4 * IB_TIMEOUT_S  # one at a time: a node's agent

@@ -102,8 +102,19 @@ class CheckPlan:
 
     @property
     def timeout_s(self) -> float:
-        """The whole run's limit: every invocation starts at once, so the longest one."""
+        """The whole run's limit when every invocation starts at once (steps of one Slurm
+        job): the longest one."""
         return max((i.timeout_s for i in self.invocations), default=0.0)
+
+    @property
+    def serial_timeout_s(self) -> float:
+        """The whole run's limit when each node runs its invocations one at a time (a node
+        agent's default): the node with the most to do, its limits summed. ib_write_bw
+        on 8 HCAs is 16 commands on every node of the ring."""
+        per_node: dict[str, float] = {}
+        for inv in self.invocations:
+            per_node[inv.node] = per_node.get(inv.node, 0.0) + inv.timeout_s
+        return max(per_node.values(), default=0.0)
 
 
 def normalise_params(

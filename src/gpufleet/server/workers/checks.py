@@ -273,7 +273,10 @@ class CheckRunner(LocalisationSteps, LoopService):
                 return
             tx.run.backend = backend.name
             tx.run.skipped = skipped
-            tx.run.deadline_at = tx.now + dt.timedelta(seconds=plan.timeout_s + DEADLINE_GRACE_S)
+            # Agents run a node's commands one after the other; a Slurm job runs its steps
+            # at once.
+            limit_s = plan.serial_timeout_s if backend.name == "agent" else plan.timeout_s
+            tx.run.deadline_at = tx.now + dt.timedelta(seconds=limit_s + DEADLINE_GRACE_S)
             tx.run.progress = {
                 **(tx.run.progress or {}),
                 "nodes": [n.name for n in checked],
