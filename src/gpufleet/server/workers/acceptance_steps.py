@@ -16,6 +16,7 @@ with the reason in its status detail, until an admin runs the suite again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -313,6 +314,22 @@ class AcceptanceSteps(LoopService):
             run.node_ids, [e for e in entries if e.stage == "node"], checks, _excluded(run), steps
         )
         names = await self._names(run.node_ids)
+        retried: dict[str, str] = dict((run.results or {}).get("retried") or {})
+        again = [
+            e
+            for e in entries
+            if e.stage == "cluster"
+            and e.check_run_id not in retried  # a retry is not retried
+            and (row := checks.get(e.check_run_id)) is not None
+            and CheckStatus(row.status) is not CheckStatus.PASSED
+            and not localised(row, names)[2]
+        ]
+        if again:
+            # Failed across the cluster and bisecting pinned nobody: often a transient
+            # (a link that flapped, a neighbour's burst). Once more before it is called a
+            # fabric problem that holds every node until an admin acts.
+            await self._retry_cluster_checks(run.id, again, checks)
+            return
         unpinned: list[str] = []
         for entry in (e for e in entries if e.stage == "cluster"):
             row = checks.get(entry.check_run_id)
@@ -345,6 +362,49 @@ class AcceptanceSteps(LoopService):
                 }
         note = f"; not pinned on a node: {'; '.join(unpinned)}" if unpinned else ""
         await self._finish(run.id, None, note=note, outcomes=outcomes)
+
+    async def _retry_cluster_checks(
+        self, run_id: str, again: Sequence[CheckEntry], checks: dict[str, CheckRunRow]
+    ) -> None:
+        """Each entry's check run once more on the same nodes; the entry takes the new
+        run (the report shows the final attempt), ``results.retried`` maps new → old."""
+        async with self.db.transaction() as session:
+            run = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
+            if run is None or run.stage != "cluster":
+                return
+            cluster = await session.get(ClusterRow, run.cluster_id)
+            assert cluster is not None
+            now = self.clock.now()
+            retried: dict[str, str] = dict((run.results or {}).get("retried") or {})
+            replaced: dict[str, str] = {}
+            for entry in again:
+                old = checks[entry.check_run_id]
+                row = await create_check_run(
+                    session,
+                    actor=ACTOR,
+                    cluster=cluster,
+                    kind=CheckKind(old.kind),
+                    node_ids=list(entry.node_ids),
+                    params=dict(old.params or {}),
+                    force=bool((run.results or {}).get("force")),
+                    purpose="acceptance",
+                    now=now,
+                )
+                replaced[entry.check_run_id] = row.id
+                retried[row.id] = entry.check_run_id
+            entries = [
+                dataclasses.replace(e, check_run_id=replaced.get(e.check_run_id, e.check_run_id))
+                for e in entries_of(run)
+            ]
+            run.results = {
+                **(run.results or {}),
+                "checks": [e.to_json() for e in entries],
+                "retried": retried,
+            }
+            run.check_run_ids = [e.check_run_id for e in entries if e.check_run_id]
+            labels = ", ".join(sorted({e.label for e in again}))
+            run.detail = f"{labels} failed and localisation pinned no node: running it again"
+            run.updated_at = now
 
     # -- finishing ----------------------------------------------------------------------
 
