@@ -182,6 +182,10 @@ def printed_value(proc: CliProcess, name: str, *, timeout_s: float = 30) -> str:
 def run_cli(*args: str, url: str, token: str) -> subprocess.CompletedProcess[str]:
     """``gpufleet ARGS`` as a user runs it, against ``url`` with ``token``."""
     env = {**os.environ, "GPUFLEET_URL": url, "GPUFLEET_TOKEN": token}
+    # Output to a pipe, as `gpufleet ... | grep` sees it: the CLI's pipe width, not a
+    # terminal's width some test runner left in COLUMNS (pytest-xdist workers have one).
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
     return subprocess.run(
         [sys.executable, "-c", RUN_CLI, *args],
         env=env,

@@ -144,7 +144,12 @@ class SlurmRest:
         timeout_s = self._config.timeout_s
         headers = self._auth_headers()
         try:
-            response = await self._http().get(path, headers=headers)
+            try:
+                response = await self._http().get(path, headers=headers)
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+                # A pooled keep-alive connection the server closed (slurmrestd restarted
+                # or stopped): a GET may be sent again, on a fresh connection, once.
+                response = await self._http().get(path, headers=headers)
         except httpx.TimeoutException:
             raise DriverError(
                 f"slurm: {where}{request} did not answer within {timeout_s:g} s "
