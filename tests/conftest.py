@@ -11,6 +11,19 @@ from gpufleet.testing.app import RunningApp, make_settings, running_app
 from gpufleet.testing.databases import PostgresTemplate, SqliteTemplate
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked ``long`` first, then ``slow`` ones, then the rest (each group in
+    collection order): on parallel workers (``./dev test`` runs 3, a module per worker)
+    the run then does not end waiting for one long module that started last."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("long") is not None:
+            return 0
+        return 1 if item.get_closest_marker("slow") is not None else 2
+
+    items.sort(key=rank)  # stable: the order within a group stays
+
+
 @pytest.fixture(scope="session")
 def pg_template() -> Iterator[PostgresTemplate]:
     template = PostgresTemplate()

@@ -18,7 +18,7 @@ import pytest
 from gpufleet.server.failpoints import EXIT_CODE
 from gpufleet.testing.processes import ServerProcess, fast_sim_server_env, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 SIZE = 4
 SCRIPTS = ["echo one", "echo two"]

@@ -31,7 +31,7 @@ from gpufleet.agent.spool import read_records
 from gpufleet.sim.world import SimWorld
 from gpufleet.testing.processes import AgentProcess, ServerProcess, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 OUTAGE_S = 30.0
 GPUS = 8  # the agent's sim collector: GPU i at PCI 0000:{0x18 + 0x10 * i:02x}:00.0

@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.testing.processes import ServerProcess, free_port, printed_value, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def _repairs(url: str, token: str, *args: str) -> list[dict[str, Any]]:
@@ -23,6 +23,7 @@ def _repairs(url: str, token: str, *args: str) -> list[dict[str, Any]]:
     return items
 
 
+@pytest.mark.timeout(900)  # acceptance first, then a fault, then the repair: minutes
 def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) -> None:
     port = free_port()
     proc = ServerProcess(
@@ -47,7 +48,7 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         url = printed_value(proc, "GPUFLEET_URL")
         token = printed_value(proc, "GPUFLEET_TOKEN")
         proc.wait_ready(url)
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 480
         proposed: list[dict[str, Any]] = []
         while not proposed:
             assert time.monotonic() < deadline, "no recommendation:\n" + proc.output()[-3000:]

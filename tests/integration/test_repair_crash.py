@@ -16,7 +16,7 @@ from gpufleet.server.failpoints import EXIT_CODE
 from gpufleet.sim.world import SimWorld
 from gpufleet.testing.processes import ServerProcess, fast_sim_server_env, free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 FAILPOINTS = [
     "repair.cordoning.after_drain",

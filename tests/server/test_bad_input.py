@@ -219,7 +219,7 @@ async def test_non_uuid_cluster_id(seeded: RunningApp, method: str) -> None:
     assert error["code"] == "not_found"
 
 
-@pytest.mark.parametrize("node_id", [str(uuid.uuid4()), "node-1"])
+@pytest.mark.parametrize("node_id", ["5f0c7a2e-3d1b-4c8e-9a6f-2b7d4e1c9a30", "node-1"])
 async def test_unknown_node_id(seeded: RunningApp, node_id: str) -> None:
     await rejected(seeded, "GET", f"/api/v1/nodes/{node_id}", status=404, field="node_id")
 

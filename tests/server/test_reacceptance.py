@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from acceptancehelpers import QUICK_SUITE, STEP_S, Bringup, bringup
+
+pytestmark = pytest.mark.long
 
 LADDER_ABOVE_REBOOT = ("reprovision", "failover", "remove")
 

@@ -96,12 +96,21 @@ def _ports_free(first: int, last: int) -> bool:
     return True
 
 
-def free_port_base(*, nodes: int, rng: random.Random | None = None) -> int:
+def free_port_base(
+    *, nodes: int, rng: random.Random | None = None, stripe: tuple[int, int] = (0, 1)
+) -> int:
     """A ``SLURM_LAB_PORT_BASE`` whose ports (base+6 .. base+101+nodes) are all free now,
-    so a lab can run next to others (another test session, a developer's own lab)."""
+    so a lab can run next to others (another test session, a developer's own lab).
+
+    ``stripe`` (index, count): only bases whose block number is ``index`` modulo
+    ``count``, so labs started at the same moment (parallel test workers) never pick the
+    same block before either has bound its ports."""
     pick = rng or random.Random()  # noqa: S311 - not security-relevant
-    for _ in range(200):
+    index, count = stripe
+    for _ in range(200 * count):
         base = pick.randrange(20000, 60000, 200)
+        if (base // 200) % count != index:
+            continue
         if _ports_free(base + 6, base + 101 + nodes):
             return base
     raise SlurmLabError("no free block of ports found in 20000..60000 for a Slurm lab")

@@ -58,7 +58,10 @@ def slurm_lab(request: pytest.FixtureRequest) -> Iterator[SlurmLab]:
     if reuse:
         lab = SlurmLab(dir=Path(reuse))
     else:
-        base = free_port_base(nodes=3)
+        # Parallel workers (pytest-xdist: gw0, gw1, ...) each start a lab of their own.
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        base = free_port_base(nodes=3, stripe=(int(worker.removeprefix("gw")), workers))
         lab = SlurmLab(
             dir=Path(tempfile.mkdtemp(prefix="gpufleet-slurm-lab-", dir="/tmp")),
             port_base=base,
