@@ -14,6 +14,10 @@ fake seconds, the agents run and report, every loop runs once.
    8 HCAs → nccl across the cluster), plus the report's size (canonical JSON, HTML).
 3. For each ``--report-nodes`` size: a cluster with the default suite brought up the
    same way; its report's size (JSON and HTML, bytes).
+4. For each ``--offline-report-nodes`` size (no server, seconds even for thousands of
+   nodes): each check of the default suite planned (``checks/runners.py``), every
+   invocation run by the sim's check tools, judged (``checks/aggregate.py``) and the
+   report built and rendered by the same code the server uses.
 
 Figures are printed, never asserted.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import random
 import shutil
 import sys
 import tempfile
@@ -33,10 +38,19 @@ from typing import Any
 
 import httpx
 
+from gpufleet.checks.aggregate import InvocationOutput, NodeInfo, judge_run
+from gpufleet.checks.models import CheckKind
+from gpufleet.checks.runners import Launcher, NodeTarget, normalise_params, plan_check
+from gpufleet.core.acceptance import DEFAULT_SUITE, canonical_json, content_hash
 from gpufleet.core.clock import FakeClock
+from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.server.app import build_loops
+from gpufleet.server.db.tables import AcceptanceRunRow, CheckRunRow, ClusterRow, GpuRow, NodeRow
+from gpufleet.server.services.acceptance_report import CheckEntry, build_report, render_html
+from gpufleet.server.services.check_backends.sim_tools import expectations_from
 from gpufleet.sim.agents import SimFleetRunner
+from gpufleet.sim.check_programs import SimHost, Toolbox
 from gpufleet.testing.app import RunningApp, make_settings, running_app
 
 
@@ -82,6 +96,13 @@ async def bring_up(
                 if status in ("ready", "degraded"):
                     break
                 out.ticks += 1
+                if out.ticks % 50 == 0:
+                    body = (await app.client.get(f"/api/v1/clusters/{cid}")).json()
+                    print(
+                        f"      tick {out.ticks}: {body['status']}: {body['status_detail']}",
+                        f"({time.perf_counter() - start_wall:.0f} s wall)",
+                        flush=True,
+                    )
                 if out.ticks > 2000:
                     raise RuntimeError(f"{name}: not ready after 2000 ticks ({status})")
                 clock.advance(step_s)
@@ -97,6 +118,10 @@ async def bring_up(
                 run: dict[str, Any] = runs["items"][0]
                 out.checks = len(run["check_run_ids"])
                 out.detail = run["detail"]
+                shown = (await app.client.get(f"/api/v1/acceptance/{run['id']}")).json()
+                for node in shown["nodes"]:
+                    if node["outcome"] == "fail":
+                        out.detail += f"\n      {node['name']}: {'; '.join(node['reasons'])[:400]}"
                 for fmt in ("json", "html"):
                     body = await app.client.get(f"/api/v1/acceptance/{run['id']}/report.{fmt}")
                     assert body.status_code == 200, body.text
@@ -108,7 +133,7 @@ async def bring_up(
 
 async def amain(args: argparse.Namespace) -> list[BringUp]:
     results: list[BringUp] = []
-    plans = [(args.nodes, False), (args.nodes, True)] + [
+    plans = ([(args.nodes, False), (args.nodes, True)] if args.nodes > 0 else []) + [
         (n, True) for n in args.report_nodes if n != args.nodes
     ]
     for i, (size, acceptance) in enumerate(plans):
@@ -140,6 +165,119 @@ async def amain(args: argparse.Namespace) -> list[BringUp]:
     return results
 
 
+def offline_report(size: int) -> tuple[int, int, float]:
+    """(JSON bytes, HTML bytes, seconds to build both) of a default-suite report on
+    ``size`` healthy sim nodes, without a server."""
+    started = time.perf_counter()
+    now = dt.datetime.now(dt.UTC)
+    names = [f"n{i:04d}" for i in range(size)]
+    hosts = {
+        n: SimHost(
+            name=n,
+            hostname=n,
+            gpu_model=DEFAULT_GPU_MODEL,
+            gpu_count=8,
+            serials=tuple(f"{n}-gpu{g}" for g in range(8)),
+        )
+        for n in names
+    }
+    tools = Toolbox(expectations_from(), hosts.get, random.Random(1))
+    nodes = [
+        NodeRow(
+            id=f"id-{n}",
+            cluster_id="c",
+            name=n,
+            hostname=n,
+            serial=f"SER-{n}",
+            provider_instance_id=f"i-{n}",
+            rack="r1",
+            leaf_switch="leaf1",
+        )
+        for n in names
+    ]
+    gpus = {
+        node.id: [
+            GpuRow(
+                id=f"{node.id}-{g}",
+                node_id=node.id,
+                index=g,
+                uuid=f"GPU-{node.name}-{g:02d}",
+                serial=f"{node.name}-gpu{g}",
+                model=DEFAULT_GPU_MODEL,
+            )
+            for g in range(8)
+        ]
+        for node in nodes
+    }
+    info = [NodeInfo(id=node.id, name=node.name) for node in nodes]
+    targets = [NodeTarget(name=n, host=n, gpus=8) for n in names]
+    checks: list[tuple[CheckEntry, CheckRunRow | None]] = []
+    for i, check in enumerate(DEFAULT_SUITE.checks):
+        kind = CheckKind(check.kind)
+        raw = {**check.check_params(), "fabric": "NDR"}
+        params = normalise_params(kind, raw, nodes=size)
+        plan = plan_check(kind, nodes=targets, params=params, launcher=Launcher.MPIRUN)
+        outputs = {}
+        for inv in plan.invocations:
+            ran = tools.run(list(inv.argv), host=hosts[inv.node])
+            outputs[inv.id] = InvocationOutput(
+                id=inv.id, stdout=ran.stdout, stderr=ran.stderr, exit_code=ran.exit_code
+            )
+        verdict = judge_run(
+            plan, outputs, nodes=info, gpu_model=DEFAULT_GPU_MODEL, fabric="NDR", expected_gpus=8
+        )
+        row = CheckRunRow(
+            id=f"check-{i}",
+            cluster_id="c",
+            kind=kind.value,
+            params=params,
+            node_ids=[node.id for node in nodes],
+            status="passed" if verdict.passed else "failed",
+            result=verdict.result,
+            skipped=[],
+            detail="",
+            started_at=now,
+            finished_at=now,
+        )
+        stage = "cluster" if check.scope.value == "cluster" else "node"
+        entry = CheckEntry(row.id, check.kind, check.label, stage, tuple(row.node_ids), 0, i)
+        checks.append((entry, row))
+    run = AcceptanceRunRow(
+        id="run",
+        cluster_id="c",
+        scope="cluster",
+        trigger="provisioning",
+        suite=DEFAULT_SUITE.model_dump(mode="json"),
+        created_by="bench",
+        created_at=now,
+        started_at=now,
+        repair_id=None,
+    )
+    cluster = ClusterRow(
+        id="c",
+        project_id="p",
+        name="bench",
+        scheduler="sim",
+        provider="sim",
+        gpu_model=DEFAULT_GPU_MODEL,
+        gpus_per_node=8,
+    )
+    outcomes = {node.id: {"outcome": "pass", "reasons": []} for node in nodes}
+    report = build_report(
+        run=run,
+        cluster=cluster,
+        nodes=nodes,
+        gpus=gpus,
+        checks=checks,
+        outcomes=outcomes,
+        status="passed",
+        detail="bench",
+    )
+    data = canonical_json(report)
+    page = render_html(report, sha256=content_hash(report))
+    return len(data), len(page.encode()), time.perf_counter() - started
+
+
 def print_one(r: BringUp) -> None:
     what = "default suite" if r.acceptance else "opted out    "
     line = (
@@ -153,12 +291,14 @@ def print_one(r: BringUp) -> None:
         )
     print(line, flush=True)
     if r.status != "ready":
-        print(f"      {r.detail[:600]}", flush=True)
+        print(f"      {r.detail[:3000]}", flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--nodes", type=int, default=16, help="cluster size for the timing runs")
+    p.add_argument(
+        "--nodes", type=int, default=16, help="cluster size for the timing runs (0: none)"
+    )
     p.add_argument(
         "--report-nodes",
         type=int,
@@ -166,13 +306,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[256],
         help="more cluster sizes to measure the report of",
     )
-    p.add_argument("--step", type=float, default=15.0, help="fake seconds per tick")
+    p.add_argument("--step", type=float, default=5.0, help="fake seconds per tick")
+    p.add_argument(
+        "--offline-report-nodes",
+        type=int,
+        nargs="*",
+        default=[16, 256, 1024],
+        help="report sizes built without a server (same code)",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"python {sys.version.split()[0]}, SQLite, fake clock, {args.step:g} s per tick")
+    for size in args.offline_report_nodes:
+        json_b, html_b, took = offline_report(size)
+        print(
+            f"{size:>5} nodes, default suite, offline: report {json_b:,} B JSON "
+            f"({json_b / size:,.0f} B/node), {html_b:,} B HTML, built in {took:.1f} s",
+            flush=True,
+        )
     asyncio.run(amain(args))
     return 0
 
