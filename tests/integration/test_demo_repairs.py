@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from gpufleet.server.schemas.repairs import RepairPolicyRequest
 from gpufleet.testing.processes import ServerProcess, free_port, printed_value, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -32,9 +34,6 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
             "GPUFLEET_DATABASE_URL": "",
             # Faults come faster than in the demo, so the test needs no inject; no jobs
             # and no broken hardware, so the first repair is quick and fixes the node.
-            # Not so fast that three nodes behind one leaf switch fail while the cluster
-            # is still in acceptance (the planner leaves such a cluster alone): that is
-            # one incident for the switch, not a node repair.
             "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "10",
             # The check tools 1,000× faster than real (the demo's own: 100×).
             "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.001",
@@ -48,6 +47,17 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         url = printed_value(proc, "GPUFLEET_URL")
         token = printed_value(proc, "GPUFLEET_TOKEN")
         proc.wait_ready(url)
+        # The demo's 16 nodes share one leaf switch: three of them failing before the
+        # planner looks (it leaves a cluster in acceptance alone) is one incident for the
+        # switch, not a node repair. Background faults are dense here, so this test's
+        # policy counts a whole leaf failing as an incident only.
+        headers = {"Authorization": f"Bearer {token}"}
+        policy_url = f"{url}/api/v1/projects/demo/repair-policy"
+        policy = httpx.get(policy_url, headers=headers, timeout=30).json()
+        body = {k: v for k, v in policy.items() if k in RepairPolicyRequest.model_fields}
+        put = httpx.put(policy_url, headers=headers, timeout=30,
+                        json={**body, "incident_min_nodes": 17})  # fmt: skip
+        assert put.status_code == 200, put.text
         deadline = time.monotonic() + 480
         proposed: list[dict[str, Any]] = []
         while not proposed:
