@@ -2,7 +2,9 @@
 
 Project ``pa`` is the one requests are about; ``pb`` is the other one. Callers:
 anonymous, a node token of pa's node, an admin of pb (full power elsewhere), a member of
-pa, an admin of pa, and the platform owner. Users and their tokens are made through the
+pa, an admin of pa, and the platform owner; and two admins of pa holding limited tokens:
+``capped`` (capped at member, expiring in a day: what an admin hands a CI job) and
+``expiring`` (uncapped, expiring in a day). Users and their tokens are made through the
 API (owner-only ``POST /users`` and ``POST /tokens`` with ``user``).
 """
 
@@ -20,7 +22,7 @@ from gpufleet.core.ids import new_id
 from gpufleet.server.db.tables import RepairRow
 from gpufleet.testing.app import RunningApp
 
-IDENTITIES = ("anonymous", "node", "other", "member", "admin", "owner")
+IDENTITIES = ("anonymous", "node", "other", "member", "admin", "owner", "capped", "expiring")
 _serial = itertools.count(1)
 
 
@@ -79,6 +81,7 @@ class World:
     b: Side
     tokens: dict[str, str]  # identity → bearer token (none for anonymous)
     users: dict[str, str]  # identity → user name
+    token_ids: dict[str, str] = field(default_factory=dict)  # identity → its token's id
 
     def client(self, identity: str) -> httpx.AsyncClient:
         if identity == "anonymous":
@@ -97,8 +100,12 @@ class World:
             )
         return name
 
-    async def token_for(self, user: str, *, project: str, role: str) -> dict[str, Any]:
+    async def token_for(
+        self, user: str, *, project: str, role: str | None, days: int | None = None
+    ) -> dict[str, Any]:
         body = {"user": user, "project": project, "role": role, "name": unique("t")}
+        if days is not None:
+            body["expires_in_days"] = days
         return await ok(await self.app.client.post("/api/v1/tokens", json=body), 201)
 
     async def new_volume(self, side: Side, *, attach: bool = False) -> dict[str, Any]:
@@ -177,14 +184,21 @@ async def build_world(app: RunningApp) -> World:
             f"/api/v1/clusters/{side.cluster['id']}/acceptance", json={"reason": "matrix"}
         )
         side.acceptance_id = (await ok(acceptance, 202))["id"]
-    for identity, project, role in (
-        ("member", "pa", "member"),
-        ("admin", "pa", "admin"),
-        ("other", "pb", "admin"),
+    for identity, project, role, cap, days in (
+        ("member", "pa", "member", "member", None),
+        ("admin", "pa", "admin", "admin", None),
+        ("other", "pb", "admin", "admin", None),
+        ("capped", "pa", "admin", "member", 1),
+        ("expiring", "pa", "admin", None, 1),
     ):
         user = await world.new_user(project=project, role=role)
         world.users[identity] = user
-        world.tokens[identity] = (await world.token_for(user, project=project, role=role))["token"]
+        token = await world.token_for(user, project=project, role=cap, days=days)
+        world.tokens[identity] = token["token"]
+        world.token_ids[identity] = token["info"]["id"]
+        if days is not None:  # the same user's full token, stronger than the limited one
+            full = await world.token_for(user, project=project, role=None)
+            world.token_ids[f"{identity}-full"] = full["info"]["id"]
     world.tokens["owner"] = app.owner_token
     world.users["owner"] = "admin"
     world.tokens["node"] = a.node_token

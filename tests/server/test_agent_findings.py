@@ -116,9 +116,39 @@ async def test_replays_apply_once_and_in_order(app: RunningApp) -> None:
     again = (await post(app, token, *batch)).json()
     assert (again["accepted"], again["duplicates"]) == (0, 3)
     # Out-of-order arrival in one batch is applied in seq order: open, then clear.
-    assert (await post(app, token, change(5, state="cleared"), change(4))).json()["accepted"] == 2
+    at = utcnow()
+    late = (change(5, state="cleared", at=at), change(4, at=at))
+    assert (await post(app, token, *late)).json()["accepted"] == 2
     assert await findings(app, cluster=cluster["id"], open="true") == []
     assert len(await findings(app, cluster=cluster["id"])) == 2
+
+
+async def test_an_earlier_episodes_clear_never_ends_the_open_one(app: RunningApp) -> None:
+    """An agent that lost its memory may send an old episode's clear again, with a new
+    seq. It ends only an episode that began no later than the clear says: the open one,
+    begun after it, stays open, and nothing is cleared before it began."""
+    cluster, token, node = await one_node(app)
+    t0 = utcnow() - dt.timedelta(minutes=10)
+    old_open, old_clear = change(1, at=t0), change(2, state="cleared", at=t0)
+    old_clear["last_seen"] = (t0 + dt.timedelta(minutes=1)).isoformat()
+    again = change(3, at=t0 + dt.timedelta(minutes=5))
+    assert (await post(app, token, old_open, old_clear, again)).json()["accepted"] == 3
+    replayed = {**old_clear, "seq": 4}  # as a restarted agent re-sends it
+    assert (await post(app, token, replayed, {**again, "seq": 5})).json()["accepted"] == 2
+    rows = sorted(await findings(app, cluster=cluster["id"]), key=lambda f: f["first_seen"])
+    assert [r["cleared_at"] is None for r in rows] == [False, True]
+    assert dt.datetime.fromisoformat(rows[1]["first_seen"]) == t0 + dt.timedelta(minutes=5)
+    events = (
+        await app.client.get(
+            "/api/v1/events",
+            params={"node": node["id"], "kind": ["finding.opened", "finding.cleared"]},
+        )
+    ).json()["items"]
+    assert len(events) == 3
+    # Its own clear (same first_seen) still ends it.
+    own = change(6, state="cleared", at=t0 + dt.timedelta(minutes=5))
+    assert (await post(app, token, own)).json()["accepted"] == 1
+    assert await findings(app, cluster=cluster["id"], open="true") == []
 
 
 async def test_a_warning_degrades_and_a_fatal_escalates_the_same_finding(app: RunningApp) -> None:

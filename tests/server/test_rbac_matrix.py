@@ -45,6 +45,8 @@ class Rule:
     # Path objects made anew before each attempt: for routes that remove their object.
     fresh: Fresh | None = None
     own: bool = False  # the object is the member's own (their token): they may act on it
+    # The object is a credential that outlives the ``expiring`` caller's token.
+    outlives_expiring: bool = False
 
 
 def _now() -> str:
@@ -170,7 +172,9 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ),
     ("GET", "/api/v1/tokens"): Rule(SIGNED_IN),
     ("GET", "/api/v1/projects/{project_ref}/tokens"): Rule(P.TOKEN_MANAGE),
-    ("DELETE", "/api/v1/tokens/{token_id}"): Rule(P.TOKEN_MANAGE, fresh=_fresh_token, own=True),
+    ("DELETE", "/api/v1/tokens/{token_id}"): Rule(
+        P.TOKEN_MANAGE, fresh=_fresh_token, own=True, outlives_expiring=True
+    ),
     # Clusters and nodes.
     ("GET", "/api/v1/clusters"): Rule(P.CLUSTER_READ, query=_project_filter),
     ("POST", "/api/v1/clusters"): Rule(
@@ -318,8 +322,12 @@ def expected(identity: str, rule: Rule) -> str:
         return "403"
     if identity == "other":
         return "404"
-    role = Role.ADMIN if identity == "admin" else Role.MEMBER
-    if need in ROLE_PERMISSIONS[role] or rule.own:
+    if identity == "expiring" and rule.outlives_expiring:
+        return "403"  # a token cannot revoke one that outlives it
+    # capped: an admin whose token is capped at member has a member's power, and the
+    # member's own objects are not theirs.
+    role = Role.ADMIN if identity in ("admin", "expiring") else Role.MEMBER
+    if need in ROLE_PERMISSIONS[role] or (rule.own and identity == "member"):
         return "allowed"
     return "403"
 
@@ -501,3 +509,53 @@ async def test_a_node_token_reaches_only_its_own_node(app: RunningApp) -> None:
         f"/api/v1/nodes/{world.b.node['id']}/commands/{world.b.command_id}"
     )
     assert record.json()["status"] == "pending"
+
+
+# Credential routes asked for more than the caller's token holds: (identity, method, url
+# builder, body) → the refusal's field. Each must be a 403 that says which limit.
+STRONGER: list[tuple[str, str, Callable[[World], str], dict[str, Any] | None, str]] = [
+    ("capped", "POST", lambda _w: "/api/v1/tokens", {"project": "pa", "role": "admin"}, "role"),
+    ("capped", "POST", lambda _w: "/api/v1/tokens", {"expires_in_days": 30}, "expires_in_days"),
+    ("capped", "POST", lambda _w: "/api/v1/tokens", {"project": "pb"}, "project"),
+    (
+        "capped",
+        "DELETE",
+        lambda w: f"/api/v1/tokens/{w.token_ids['capped-full']}",
+        None,
+        "token_id",
+    ),
+    ("expiring", "POST", lambda _w: "/api/v1/tokens", {"expires_in_days": 2}, "expires_in_days"),
+    (
+        "expiring",
+        "DELETE",
+        lambda w: f"/api/v1/tokens/{w.token_ids['expiring-full']}",
+        None,
+        "token_id",
+    ),
+    ("expiring", "DELETE", lambda w: f"/api/v1/tokens/{w.token_ids['admin']}", None, "token_id"),
+]
+
+
+async def test_limited_tokens_never_reach_past_their_limits(app: RunningApp) -> None:
+    """The capped and expiring callers on the credential routes: what they may not create
+    or revoke is refused with a 403 naming the limit; within it, they keep working."""
+    world = await build_world(app)
+    wrong: list[str] = []
+    for identity, method, url, body, field in STRONGER:
+        async with world.client(identity) as client:
+            response = await client.request(method, url(world), json=body)
+        status, got = response.status_code, response.json().get("error", {}).get("field")
+        # pb is another project to pa's tokens: 404 (its existence does not leak).
+        want = 404 if field == "project" else 403
+        if status != want or (want == 403 and got != field):
+            wrong.append(f"{identity} {method} {body}: {status} {response.text[:200]}")
+    assert not wrong, "\n".join(wrong)
+    async with world.client("capped") as client:
+        made = await client.post("/api/v1/tokens", json={})
+        assert made.status_code == 201, made.text
+        assert made.json()["info"]["role"] == "member"
+    async with world.client("admin") as client:  # the stronger tokens are still there
+        assert (await client.get("/api/v1/me")).status_code == 200
+        listed = await client.get("/api/v1/projects/pa/tokens")
+    live = {t["id"] for t in listed.json()}
+    assert {world.token_ids[k] for k in ("admin", "capped-full", "expiring-full")} <= live

@@ -119,6 +119,7 @@ async def test_admin_token_of_one_project_cannot_touch_another(
 async def test_member_token_mints_only_member_tokens_of_its_project(
     app: RunningApp, two_projects: dict[str, Any]
 ) -> None:
+    ml_id = two_projects["ml"]["project_id"]
     async with app.with_token(two_projects["member"]) as client:
         ok = await client.post("/api/v1/tokens", json={"project": "ml", "role": "member"})
         assert ok.status_code == 201, ok.text
@@ -126,12 +127,14 @@ async def test_member_token_mints_only_member_tokens_of_its_project(
         admin = await client.post("/api/v1/tokens", json={"project": "ml", "role": "admin"})
         assert admin.status_code == 403
         assert error_of(admin)["field"] == "role"
-        global_ = await client.post("/api/v1/tokens", json={})
-        assert global_.status_code == 422
-        assert error_of(global_)["field"] == "project"
         other = await client.post("/api/v1/tokens", json={"project": "infra"})
         assert other.status_code == 404
         assert await count_rows(app) == before
+        # No project, no role: the new token inherits this one's scope and cap.
+        inherited = await client.post("/api/v1/tokens", json={})
+        assert inherited.status_code == 201, inherited.text
+        info = inherited.json()["info"]
+        assert (info["project_id"], info["role"]) == (ml_id, "member")
 
 
 @pytest.mark.parametrize("change", ["revoked_at", "expires_at"])

@@ -315,11 +315,14 @@ class ServerSettings(BaseSettings):
         gt=0,
         description="Lifetime of a console session, seconds (8 h: one working day, then log in).",
     )
-    session_cookie_secure: bool = Field(
-        default=True,
+    session_cookie_secure: bool | None = Field(
+        default=None,
         description=(
-            "Mark session cookies Secure (HTTPS only). May be turned off only when the "
-            "public URL is http:// on loopback (local development)."
+            "Mark session cookies Secure (sent back over HTTPS only). Unset: Secure on every "
+            "response to an HTTPS request and whenever the public URL is not http:// on "
+            "loopback, so only the local demo gets plain cookies (a browser would never "
+            "return Secure ones over http://127.0.0.1). true forces Secure everywhere; false "
+            "is allowed only when the public URL is http:// on loopback."
         ),
     )
     cli_token_days: int = Field(
@@ -361,14 +364,23 @@ class ServerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _insecure_cookies_only_on_loopback(self) -> ServerSettings:
-        if not self.session_cookie_secure:
-            url = urlsplit(self.resolved_public_url())
-            if url.scheme != "http" or url.hostname not in ("127.0.0.1", "localhost", "::1"):
-                raise ValueError(
-                    "session_cookie_secure=false is only for http:// on loopback; "
-                    f"public URL is {self.resolved_public_url()}"
-                )
+        if self.session_cookie_secure is False and not self._public_url_is_loopback_http():
+            raise ValueError(
+                "session_cookie_secure=false is only for http:// on loopback; "
+                f"public URL is {self.resolved_public_url()}"
+            )
         return self
+
+    def _public_url_is_loopback_http(self) -> bool:
+        url = urlsplit(self.resolved_public_url())
+        return url.scheme == "http" and url.hostname in ("127.0.0.1", "localhost", "::1")
+
+    def cookies_secure(self, *, scheme: str) -> bool:
+        """Whether cookies set on a response to a request that came over ``scheme``
+        (http or https) are marked Secure."""
+        if self.session_cookie_secure is not None:
+            return self.session_cookie_secure
+        return scheme == "https" or not self._public_url_is_loopback_http()
 
     def resolved_public_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

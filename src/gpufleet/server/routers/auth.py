@@ -60,6 +60,7 @@ def _safe_return_to(value: str) -> str:
 def _set_cookie(
     response: Response,
     ctx: AppContext,
+    request: Request,
     name: str,
     value: str,
     *,
@@ -72,7 +73,7 @@ def _set_cookie(
         value,
         max_age=max_age,
         path=path,
-        secure=ctx.settings.session_cookie_secure,
+        secure=ctx.settings.cookies_secure(scheme=request.url.scheme),
         httponly=httponly,
         samesite="lax",  # sent on the IdP's top-level redirect back, not on cross-site POSTs
     )
@@ -122,6 +123,7 @@ async def login(
     _set_cookie(
         response,
         ctx,
+        request,
         LOGIN_COOKIE,
         state,
         max_age=int(login_services.LOGIN_TTL_S),
@@ -175,11 +177,14 @@ async def callback(
         )
     response = RedirectResponse(pending.return_to, status_code=status.HTTP_303_SEE_OTHER)
     lifetime = int(ctx.settings.session_lifetime_s)
-    _set_cookie(response, ctx, session_services.SESSION_COOKIE, created.secret, max_age=lifetime)
+    _set_cookie(
+        response, ctx, request, session_services.SESSION_COOKIE, created.secret, max_age=lifetime
+    )
     # Readable by the console's script, which echoes it in the X-CSRF-Token header.
     _set_cookie(
         response,
         ctx,
+        request,
         session_services.CSRF_COOKIE,
         created.csrf_token,
         max_age=lifetime,
@@ -190,12 +195,12 @@ async def callback(
 
 
 @router.post("/logout", status_code=status.HTTP_204_NO_CONTENT)
-async def logout(caller: SignedIn, ctx: CtxDep) -> Response:
+async def logout(request: Request, caller: SignedIn, ctx: CtxDep) -> Response:
     """End this console session (needs the CSRF header, like every cookie POST)."""
     async with ctx.db.transaction() as session:
         await session_services.revoke_web_session(session, caller=caller, now=ctx.clock.now())
     response = Response(status_code=status.HTTP_204_NO_CONTENT)
-    secure = ctx.settings.session_cookie_secure
+    secure = ctx.settings.cookies_secure(scheme=request.url.scheme)
     for name in (session_services.SESSION_COOKIE, session_services.CSRF_COOKIE):
         response.delete_cookie(name, path="/", secure=secure, httponly=True, samesite="lax")
     return response

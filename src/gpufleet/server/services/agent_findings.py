@@ -151,10 +151,16 @@ def _clear(
     change: FindingReport,
     open_rows: dict[str | None, FindingRow],
 ) -> None:
-    row = open_rows.pop(change.key, None)
+    row = open_rows.get(change.key)
     if row is None:
         return  # nothing open under that key: clearing twice is harmless
-    row.cleared_at = change.last_seen
+    if change.first_seen < row.first_seen:
+        # The end of an earlier episode under the same key, which began before this
+        # open finding did (an agent that restarted without its memory re-sends the
+        # clears it cannot know were delivered). It says nothing about this one.
+        return
+    del open_rows[change.key]
+    row.cleared_at = max(change.last_seen, row.first_seen)
     row.last_seen = max(row.last_seen, change.last_seen)
     record_event(
         session,

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.clock import utcnow
+from gpufleet.core.credentials import Limits, Power, check_mint, inherit_limits, power_of
 from gpufleet.core.enums import Role
 from gpufleet.core.errors import Forbidden, InvalidInput, Unauthorized
 from gpufleet.core.ids import new_id
@@ -52,6 +53,9 @@ class Caller:
     source_ip: str | None = None
     # "session": a console login (token_id is the session's id; CSRF rules apply).
     auth_method: Literal["token", "session"] = "token"
+    # When the credential stops working; None: never (or a console login through the
+    # IdP, the user's full session). What it creates can live no longer.
+    token_expires_at: dt.datetime | None = None
 
     @property
     def actor(self) -> str:
@@ -59,8 +63,27 @@ class Caller:
 
     @property
     def acts_as_owner(self) -> bool:
-        # A project-scoped token never carries the owner's global power.
-        return self.is_owner and self.token_project_id is None
+        # A project-scoped or role-capped token never carries the owner's global power.
+        return self.is_owner and self.token_project_id is None and self.token_role is None
+
+    @property
+    def limits(self) -> Limits:
+        """The credential's own limits, which bound every credential it creates."""
+        return Limits(
+            project_id=self.token_project_id,
+            role=self.token_role,
+            expires_at=self.token_expires_at,
+        )
+
+    def power_in(self, project_id: str | None) -> Power:
+        """What this credential can do now in a project; for None, the most it can do
+        anywhere it reaches."""
+        if self.acts_as_owner:
+            return Power.OWNER
+        if project_id is None:
+            reach = [self.token_project_id] if self.token_project_id else list(self.memberships)
+            return max((power_of(self.role_in(p)) for p in reach), default=Power.NONE)
+        return power_of(self.role_in(project_id))
 
     def role_in(self, project_id: str) -> Role | None:
         """The caller's effective role in a project: membership, capped by the token scope."""
@@ -142,6 +165,7 @@ async def resolve_caller(
         token_role=Role(row.role) if row.role else None,
         memberships=memberships,
         source_ip=source_ip,
+        token_expires_at=row.expires_at,
     )
 
 
@@ -155,16 +179,25 @@ async def create_api_token(
     role: Role | None,
     expires_in_days: int | None,
 ) -> CreatedToken:
-    """Mint a token for ``user_id``. A caller can mint only within their own powers."""
+    """Mint a token for ``user_id``. A caller can mint only within their own powers and
+    their credential's limits (``core.credentials``): what the request leaves out (project,
+    role, expiry) it inherits from the caller's credential."""
     if expires_in_days is not None and not 1 <= expires_in_days <= MAX_TOKEN_DAYS:
         raise InvalidInput(
             f"expires_in_days must be between 1 and {MAX_TOKEN_DAYS}", field="expires_in_days"
         )
+    now = utcnow()
+    expires_at = now + dt.timedelta(days=expires_in_days) if expires_in_days else None
     if caller is not None:
+        wanted = inherit_limits(
+            caller.limits, project_id=project_id, role=role, expires_at=expires_at
+        )
+        project_id, role, expires_at = wanted.project_id, wanted.role, wanted.expires_at
         if project_id is None and not caller.acts_as_owner:
             raise InvalidInput(
                 "only the platform owner may create a token without a project", field="project"
             )
+        check_mint(caller.limits, wanted)
         if project_id is not None:
             current = caller.role_in(project_id)
             if current is None and not caller.acts_as_owner:
@@ -172,7 +205,6 @@ async def create_api_token(
             if role is Role.ADMIN and current is not Role.ADMIN and not caller.acts_as_owner:
                 raise Forbidden("a member cannot create an admin token", field="role")
     secret = generate_token(API_TOKEN_PREFIX)
-    now = utcnow()
     row = ApiTokenRow(
         id=new_id(),
         user_id=user_id,
@@ -182,7 +214,7 @@ async def create_api_token(
         project_id=project_id,
         role=role.value if role else None,
         created_at=now,
-        expires_at=now + dt.timedelta(days=expires_in_days) if expires_in_days else None,
+        expires_at=expires_at,
         revoked_at=None,
         last_used_at=None,
     )
@@ -195,7 +227,11 @@ async def create_api_token(
         object_id=row.id,
         project_id=project_id,
         source_ip=caller.source_ip if caller else None,
-        detail={"name": name, "role": role.value if role else None},
+        detail={
+            "name": name,
+            "role": role.value if role else None,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
     )
     return CreatedToken(token=secret, info=token_row_to_token(row))
 

@@ -170,6 +170,9 @@ async def resolve_session_caller(
         raise Unauthorized("the session's user no longer exists")
     token_project_id: str | None = None
     token_role: Role | None = None
+    # A login through the IdP is the user's full session; one opened with an API token
+    # is that token's stand-in, with its scope, cap and expiry.
+    token_expires_at: dt.datetime | None = None
     if row.api_token_id is not None:
         # Opened with an API token: the token's scope, for as long as the token is good.
         token = await session.get(ApiTokenRow, row.api_token_id)
@@ -179,6 +182,7 @@ async def resolve_session_caller(
             raise Unauthorized("the API token this session was opened with expired")
         token_project_id = token.project_id
         token_role = Role(token.role) if token.role else None
+        token_expires_at = token.expires_at
     if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):
         await session.execute(
             update(WebSessionRow).where(WebSessionRow.id == row.id).values(last_used_at=now)
@@ -193,6 +197,7 @@ async def resolve_session_caller(
         memberships=await load_memberships(session, user_id=user.id),
         source_ip=source_ip,
         auth_method="session",
+        token_expires_at=token_expires_at,
     )
 
 

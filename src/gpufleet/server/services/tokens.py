@@ -1,8 +1,10 @@
 """Personal API tokens: list, revoke (creation is in ``services/auth.py``).
 
 A token can be revoked by its user, by an admin of the project it is scoped to, and by
-the platform owner. Revocation is checked on every request, so a revoked token fails at
-once (401). The secret is never stored or shown again: only its first characters.
+the platform owner — each only with a credential that has at least the token's power
+and life (``core.credentials``), so a capped or short-lived token cannot take away a
+stronger one. Revocation is checked on every request, so a revoked token fails at once
+(401). The secret is never stored or shown again: only its first characters.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime as dt
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpufleet.core.credentials import check_revoke
 from gpufleet.core.enums import Role
 from gpufleet.core.errors import Forbidden, InvalidInput, NotFound
 from gpufleet.core.ids import is_id
@@ -19,7 +22,13 @@ from gpufleet.core.models import ApiToken, CreatedToken
 from gpufleet.core.rbac import Permission
 from gpufleet.server.db.tables import ApiTokenRow, MembershipRow, UserRow
 from gpufleet.server.services.audit import record_audit
-from gpufleet.server.services.auth import Caller, create_api_token, require, token_row_to_token
+from gpufleet.server.services.auth import (
+    Caller,
+    create_api_token,
+    load_memberships,
+    require,
+    token_row_to_token,
+)
 from gpufleet.server.services.projects import get_project_row_or_error, get_user_row_or_error
 
 
@@ -66,10 +75,18 @@ async def revoke_token(
             raise NotFound(f"token {token_id!r} not found", field="token_id")
         if not caller.can(Permission.TOKEN_MANAGE, row.project_id):
             raise Forbidden("only the project's admins may revoke another user's token")
+    user = await session.get(UserRow, row.user_id)
+    user_name = user.name if user is not None else None
     already = row.revoked_at is not None
     if not already:
+        target = await _as_caller(session, row=row, user=user)
+        check_revoke(
+            holder=caller.limits,
+            holder_power=caller.power_in(row.project_id),
+            target=target.limits,
+            target_power=target.power_in(row.project_id),
+        )
         row.revoked_at = now
-    user_name = await session.scalar(select(UserRow.name).where(UserRow.id == row.user_id))
     record_audit(
         session,
         actor=caller.actor,
@@ -81,6 +98,20 @@ async def revoke_token(
         detail={"name": row.name, "user": user_name, "prefix": row.prefix, "already": already},
     )
     return _with_user(row, user_name)
+
+
+async def _as_caller(session: AsyncSession, *, row: ApiTokenRow, user: UserRow | None) -> Caller:
+    """The token as the caller it presents (its power now, for the revocation rule)."""
+    return Caller(
+        user_id=row.user_id,
+        user_name=user.name if user is not None else "",
+        is_owner=user is not None and user.is_owner,
+        token_id=row.id,
+        token_project_id=row.project_id,
+        token_role=Role(row.role) if row.role else None,
+        memberships=await load_memberships(session, user_id=row.user_id) if user else {},
+        token_expires_at=row.expires_at,
+    )
 
 
 async def create_token(

@@ -66,7 +66,7 @@ def _login_page(
         nonce,
         max_age=LOGIN_CSRF_TTL_S,
         path="/login",
-        secure=ctx.settings.session_cookie_secure,
+        secure=ctx.settings.cookies_secure(scheme=request.url.scheme),
         httponly=True,
         samesite="strict",  # only ever needed by a same-site form post
     )
@@ -114,7 +114,7 @@ async def login_with_token(request: Request, ctx: CtxDep) -> Response:
     response = redirect(next_path)
     max_age = max(1, int((created.expires_at - ctx.clock.now()).total_seconds()))
     set_session_cookies(
-        response, ctx, secret=created.secret, csrf=created.csrf_token, max_age=max_age
+        response, ctx, request, secret=created.secret, csrf=created.csrf_token, max_age=max_age
     )
     response.delete_cookie(LOGIN_CSRF_COOKIE, path="/login")
     return response
@@ -126,6 +126,6 @@ async def logout(request: Request, ctx: CtxDep, user: WebUserDep) -> Response:
     async with ctx.db.transaction() as session:
         await session_services.revoke_web_session(session, caller=user.caller, now=ctx.clock.now())
     response = redirect("/login")
-    clear_session_cookies(response, ctx)
+    clear_session_cookies(response, ctx, request)
     set_flash(response, text="You are logged out.")
     return response

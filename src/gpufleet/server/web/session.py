@@ -141,10 +141,16 @@ def take_flash(request: Request) -> dict[str, str] | None:
 
 
 def set_session_cookies(
-    response: Response, ctx: AppContext, *, secret: str, csrf: str, max_age: int
+    response: Response,
+    ctx: AppContext,
+    request: Request,
+    *,
+    secret: str,
+    csrf: str,
+    max_age: int,
 ) -> None:
     """The cookies of a console session, with the same attributes as the OIDC callback's."""
-    secure = ctx.settings.session_cookie_secure
+    secure = ctx.settings.cookies_secure(scheme=request.url.scheme)
     response.set_cookie(
         SESSION_COOKIE, secret, max_age=max_age, path="/", secure=secure, httponly=True,
         samesite="lax",
@@ -155,8 +161,8 @@ def set_session_cookies(
     )  # fmt: skip
 
 
-def clear_session_cookies(response: Response, ctx: AppContext) -> None:
-    secure = ctx.settings.session_cookie_secure
+def clear_session_cookies(response: Response, ctx: AppContext, request: Request) -> None:
+    secure = ctx.settings.cookies_secure(scheme=request.url.scheme)
     for name in (SESSION_COOKIE, CSRF_COOKIE):
         response.delete_cookie(name, path="/", secure=secure, httponly=True, samesite="lax")
 
