@@ -63,6 +63,7 @@ async def test_the_prune_loop_deletes_past_retention(fleet: Fleet) -> None:
     # The sim agents report on their own (real-time) pace; stop them so that no report
     # lands between a prune and the count that follows it.
     await fleet.runner.aclose()
+    await fleet.app.ctx.ingest.drained()  # a report cut off mid-request is not written late
     loop = TelemetryPruneLoop(
         LoopDeps(db=fleet.app.ctx.db, clock=fleet.clock, owner="test", lease_ttl_s=5.0),
         interval_s=60,

@@ -87,19 +87,30 @@ class ReportIngestor:
         await self._queue.put(_Item(PendingBatch(token_hash=token_hash, batch=batch), future))
         return await future
 
+    async def drained(self) -> None:
+        """Return once every batch queued so far has been written (or dropped)."""
+        await self._queue.join()
+
     async def _run(self) -> None:
         while True:
-            first = await self._queue.get()
-            group = [first]
-            while len(group) < self._max_group and not self._queue.empty():
-                group.append(self._queue.get_nowait())
+            taken = [await self._queue.get()]
+            while len(taken) < self._max_group and not self._queue.empty():
+                taken.append(self._queue.get_nowait())
+            # A batch whose request went away (the agent gave up waiting) is not written:
+            # the agent never saw an ack and sends it again, and a late write of it would
+            # land after the agent was stopped.
+            group = [item for item in taken if not item.future.done()]
             try:
-                await self._write_group(group)
+                if group:
+                    await self._write_group(group)
             except Exception:  # keep the writer alive whatever happened
                 log.exception("ingest writer failed on a group of %d", len(group))
                 for item in group:
                     if not item.future.done():
                         item.future.set_exception(IngestUnavailable("store write failed"))
+            finally:
+                for _ in taken:
+                    self._queue.task_done()
 
     async def _write_group(self, group: list[_Item]) -> None:
         try:
