@@ -56,38 +56,50 @@ def _targets(node: ast.AST) -> list[ast.expr]:
     return []
 
 
-def writes_in(module: str, tree: ast.AST, attrs: frozenset[str]) -> list[Write]:
-    """Every ``x.<attr> = …`` / ``x.<attr> += …`` in ``tree`` for ``attr`` in ``attrs``."""
+def writes_in(
+    module: str, tree: ast.AST, attrs: frozenset[str], *, keys: frozenset[str] = frozenset()
+) -> list[Write]:
+    """Every ``x.<attr> = …`` / ``x.<attr> += …`` in ``tree`` for ``attr`` in ``attrs``,
+    and every ``x["<key>"] = …`` for ``key`` in ``keys`` (column values for a set-wise
+    UPDATE)."""
     return [
         Write(module, target.lineno, ast.unparse(target))
         for node in ast.walk(tree)
         for target in _targets(node)
-        if isinstance(target, ast.Attribute) and target.attr in attrs
+        if (isinstance(target, ast.Attribute) and target.attr in attrs)
+        or (
+            isinstance(target, ast.Subscript)
+            and isinstance(target.slice, ast.Constant)
+            and target.slice.value in keys
+        )
     ]
 
 
-def attribute_writes(attrs: frozenset[str]) -> list[Write]:
-    return [w for module, tree in _modules() for w in writes_in(module, tree, attrs)]
+def attribute_writes(attrs: frozenset[str], *, keys: frozenset[str] = frozenset()) -> list[Write]:
+    return [w for module, tree in _modules() for w in writes_in(module, tree, attrs, keys=keys)]
+
+
+def constructions_in(module: str, tree: ast.AST, class_name: str) -> list[Write]:
+    """Every call of ``class_name(…)`` (or ``something.class_name(…)``) in ``tree``."""
+    found: list[Write] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = (
+            func.id
+            if isinstance(func, ast.Name)
+            else func.attr
+            if isinstance(func, ast.Attribute)
+            else None
+        )
+        if name == class_name:
+            found.append(Write(module, node.lineno, f"{class_name}(…)"))
+    return found
 
 
 def constructions(class_name: str) -> list[Write]:
-    """Every call of ``class_name(…)`` (or ``something.class_name(…)``) in src/."""
-    found: list[Write] = []
-    for module, tree in _modules():
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            name = (
-                func.id
-                if isinstance(func, ast.Name)
-                else func.attr
-                if isinstance(func, ast.Attribute)
-                else None
-            )
-            if name == class_name:
-                found.append(Write(module, node.lineno, f"{class_name}(…)"))
-    return found
+    return [w for module, tree in _modules() for w in constructions_in(module, tree, class_name)]
 
 
 def test_only_the_findings_service_changes_a_findings_state() -> None:
@@ -106,7 +118,7 @@ def test_only_the_findings_service_creates_a_finding() -> None:
 def test_only_the_node_health_service_changes_health() -> None:
     stray = [
         str(w)
-        for w in attribute_writes(frozenset({"health"}))
+        for w in attribute_writes(frozenset({"health"}), keys=frozenset({"health"}))
         if w.module != HEALTH_OWNER
         and not (w.module == CLUSTER_HEALTH_OWNER and w.target == "cluster.health")
     ]
@@ -123,9 +135,17 @@ def test_only_the_node_health_service_changes_health() -> None:
         ("row.count += 1", ["m.py:1: row.count"]),
         ("a.b.last_seen: int = 3", ["m.py:1: a.b.last_seen"]),
         ("x, row.severity = 1, 2", ["m.py:1: row.severity"]),
+        ('values["cleared_at"] = now', ["m.py:1: values['cleared_at']"]),
         ("row.cleared_at == now\nf(cleared_at=now)", []),  # a read and a keyword: no write
     ],
 )
 def test_the_scan_sees_every_form_of_assignment(source: str, expected: list[str]) -> None:
-    seen = writes_in("m.py", ast.parse(source), FINDING_STATE_FIELDS)
+    fields = FINDING_STATE_FIELDS
+    seen = writes_in("m.py", ast.parse(source), fields, keys=fields)
     assert [str(w) for w in seen] == expected
+
+
+def test_the_scan_sees_a_finding_built_under_any_name() -> None:
+    source = "FindingRow(id=1)\ntables.FindingRow(id=2)\nFindingRowish(id=3)\nFindingRow"
+    seen = constructions_in("m.py", ast.parse(source), "FindingRow")
+    assert [str(w) for w in seen] == ["m.py:1: FindingRow(…)", "m.py:2: FindingRow(…)"]
