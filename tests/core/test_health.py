@@ -12,6 +12,7 @@ from gpufleet.core.health import (
     health_from_severities,
     is_stale,
     node_health,
+    shown_health,
     worst,
 )
 
@@ -117,3 +118,14 @@ def test_cluster_health(nodes: list[Health], expected: Health) -> None:
 
 def test_cluster_health_accepts_a_generator() -> None:
     assert cluster_health(h for h in [H, H]) is H
+
+
+def test_shown_health_reads_a_silent_node_as_unknown_unless_known_bad() -> None:
+    def shown(stored: Health, last: dt.datetime | None) -> Health:
+        return shown_health(stored, last_report_at=last, now=NOW, staleness_s=45)
+
+    assert shown(H, ago(10)) is H
+    assert shown(D, ago(10)) is D
+    assert shown(H, ago(100)) is K
+    assert shown(D, None) is K
+    assert shown(U, ago(100)) is U

@@ -213,6 +213,30 @@ async def test_stale_node_is_never_shown_healthy_between_passes(
     assert await _health(app, node["id"]) == "unknown"
 
 
+async def test_a_silent_node_turned_unhealthy_by_a_finding_gets_an_event(
+    clocked_app: RunningApp, clock: FakeClock
+) -> None:
+    """The health loop's "known bad beats unknown" is a health change like any other: it
+    writes a node.health event (it once changed the node silently)."""
+    app = clocked_app
+    await create_project(app.client, "ml")
+    node = (await _fleet(app, size=1))[0]
+    await send_report(app, node["token"], report_batch(1))
+    assert await _health(app, node["id"]) == "healthy"
+    # A critical finding the node's health has not taken in yet (written directly).
+    await add_finding(app, cluster_id=node["cluster_id"], node_id=node["id"], severity="critical")
+    clock.advance(STALENESS_S + 1)
+    await _health_loop(app).run_once()
+    assert await _health(app, node["id"]) == "unhealthy"
+    events = await app.client.get(
+        "/api/v1/events", params={"node": node["id"], "kind": "node.health"}
+    )
+    latest = events.json()["items"][0]
+    assert (latest["data"]["from"], latest["data"]["to"]) == ("healthy", "unhealthy")
+    assert latest["actor"] == "system:health"
+    assert "an open critical finding" in latest["message"]
+
+
 async def test_silent_node_with_critical_finding_stays_unhealthy(
     clocked_app: RunningApp, clock: FakeClock
 ) -> None:

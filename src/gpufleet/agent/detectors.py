@@ -35,7 +35,7 @@ from gpufleet.agent.collectors.base import CollectorResult, Condition, Event, Sa
 from gpufleet.agent.findings import FindingChange
 from gpufleet.agent.rules import MetricTracker, StateTracker
 from gpufleet.core.agent_protocol import FindingState
-from gpufleet.core.enums import FindingSource, Severity
+from gpufleet.core.enums import FindingSource, Severity, worse
 from gpufleet.core.signatures.catalog import get_catalog
 from gpufleet.core.signatures.matcher import Match
 from gpufleet.core.signatures.models import (
@@ -49,7 +49,6 @@ from gpufleet.core.signatures.models import (
 
 _DEFAULT_EVENT_CLEAR = ClearRule(mode="quiet", quiet_s=3600)
 _DEFAULT_CONDITION_CLEAR = ClearRule(mode="samples", samples=3)
-_SEVERITY_ORDER = tuple(Severity)
 
 
 @dataclass(slots=True)
@@ -256,7 +255,7 @@ class Detector:
         )
         update: dict[str, object] = {
             "last_seen": max(old.last_seen, event.at),
-            "severity": _worse(old.severity, severity),
+            "severity": worse(old.severity, severity),
         }
         if not same_fault:
             update["count"] = old.count + 1
@@ -315,10 +314,6 @@ def _new(
         first_seen=now,
         last_seen=now,
     )
-
-
-def _worse(a: Severity, b: Severity) -> Severity:
-    return a if _SEVERITY_ORDER.index(a) >= _SEVERITY_ORDER.index(b) else b
 
 
 def event_from_match(match: Match, *, at: dt.datetime) -> Event:

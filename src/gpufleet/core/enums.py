@@ -66,6 +66,26 @@ class Severity(StrEnum):
     FATAL = "fatal"
 
 
+# Least to most severe: the one ranking the agent's folding, the server's findings and the
+# repair policy share.
+SEVERITY_ORDER: tuple[Severity, ...] = (
+    Severity.INFO,
+    Severity.WARNING,
+    Severity.CRITICAL,
+    Severity.FATAL,
+)
+
+
+def severity_rank(severity: Severity) -> int:
+    """0 for ``info`` up to 3 for ``fatal``."""
+    return SEVERITY_ORDER.index(severity)
+
+
+def worse(a: Severity, b: Severity) -> Severity:
+    """The more severe of the two (``a`` when they are equal)."""
+    return a if severity_rank(a) >= severity_rank(b) else b
+
+
 class FindingSource(StrEnum):
     KERNEL_LOG = "kernel-log"
     NVML = "nvml"

@@ -41,6 +41,21 @@ def is_stale(*, last_report_at: dt.datetime | None, now: dt.datetime, staleness_
     return (now - last_report_at).total_seconds() > staleness_s
 
 
+def shown_health(
+    stored: Health, *, last_report_at: dt.datetime | None, now: dt.datetime, staleness_s: float
+) -> Health:
+    """A node's stored health, except that a silent node reads as unknown at once.
+
+    The health loop writes ``unknown`` within one pass; this closes the gap between
+    passes so a stale node is never shown healthy. Unhealthy stays unhealthy.
+    """
+    if stored is Health.UNHEALTHY:
+        return stored
+    if is_stale(last_report_at=last_report_at, now=now, staleness_s=staleness_s):
+        return Health.UNKNOWN
+    return stored
+
+
 def node_health(
     *,
     last_report_at: dt.datetime | None,

@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpufleet.core.enums import NodeState, RepairAction, RepairStatus, Severity
+from gpufleet.core.enums import NodeState, RepairAction, RepairStatus, severity_rank
 from gpufleet.core.repair.ladder import (
     format_duration,
     ladder_step,
@@ -28,12 +28,6 @@ from gpufleet.core.signatures.models import Catalog, Signature
 IGNORED_NODE_STATES = frozenset(
     {NodeState.PROVISIONING, NodeState.REMOVING, NodeState.REMOVED, NodeState.FAILED}
 )
-
-_SEVERITY_ORDER: tuple[Severity, ...] = tuple(Severity)
-
-
-def severity_rank(severity: Severity) -> int:
-    return _SEVERITY_ORDER.index(severity)
 
 
 def counted_signature(finding: FindingFact, catalog: Catalog) -> Signature | None:

@@ -7,7 +7,7 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpufleet.core.repair.analysis import severity_rank
+from gpufleet.core.enums import severity_rank
 from gpufleet.core.repair.evidence import incident_evidence
 from gpufleet.core.repair.ladder import format_duration, seconds_between
 from gpufleet.core.repair.models import (

@@ -2,7 +2,9 @@
 
 Every change carries the agent's finding ``seq``; the node row keeps the highest applied
 one, so a replay after a timeout or a spool replay after an outage changes nothing twice.
-The whole batch, the node's new health and the events commit in one transaction.
+The whole batch, the node's new health and the events commit in one transaction; the
+findings service folds, opens and clears (the agent's running count: a fold keeps the
+larger count), the node health service writes the health.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import FindingAck, FindingBatch, FindingReport, FindingState
-from gpufleet.core.enums import EventKind, NodeState, Severity
+from gpufleet.core.enums import NodeState
 from gpufleet.core.errors import Conflict, Unauthorized
-from gpufleet.core.health import health_from_severities, node_health
-from gpufleet.core.ids import new_id
-from gpufleet.server.db.tables import ClusterRow, FindingRow, GpuRow, NodeRow
-from gpufleet.server.services.events import record_event
+from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow
+from gpufleet.server.services.findings import (
+    Sighting,
+    clear_finding,
+    open_findings,
+    open_or_fold_finding,
+)
+from gpufleet.server.services.node_health import refresh_node_health
 
 _REJECT_STATES = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
 
@@ -48,33 +54,46 @@ async def apply_finding_batch(
     fresh = sorted(
         (f for f in batch.findings if f.seq > node.last_finding_seq), key=lambda f: f.seq
     )
-    open_rows = {
-        row.fold_key: row
-        for row in await session.scalars(
-            select(FindingRow).where(FindingRow.node_id == node.id, FindingRow.cleared_at.is_(None))
-        )
+    open_rows: dict[str | None, FindingRow] = {
+        row.fold_key: row for row in await open_findings(session, node_ids=[node.id])
     }
+    actor = f"node:{node.name}"
     for change in fresh:
         if change.state is FindingState.OPEN:
-            _open(
+            open_rows[change.key] = open_or_fold_finding(
                 session,
                 node=node,
                 project_id=project_id,
-                change=change,
-                open_rows=open_rows,
+                open_row=open_rows.get(change.key),
+                sighting=_sighting(change),
+                actor=actor,
                 now=now,
             )
-        else:
-            _clear(session, node=node, project_id=project_id, change=change, open_rows=open_rows)
+            continue
+        row = open_rows.get(change.key)
+        if row is not None and clear_finding(
+            session,
+            row=row,
+            node=node,
+            project_id=project_id,
+            at=change.last_seen,
+            actor=actor,
+            episode_began=change.first_seen,
+            last_sighting=change.last_seen,
+        ):
+            del open_rows[change.key]
+        # else nothing open under that key (clearing twice is harmless), or the clear
+        # ends an earlier episode than the open one
     if fresh:
         node.last_finding_seq = fresh[-1].seq
-        await _refresh_health(
+        await refresh_node_health(
             session,
             node=node,
             project_id=project_id,
-            open_rows=list(open_rows.values()),
+            actor=actor,
             now=now,
             staleness_s=staleness_s,
+            open_findings=list(open_rows.values()),
         )
     return FindingAck(
         node_id=node.id,
@@ -84,174 +103,23 @@ async def apply_finding_batch(
     )
 
 
-def _open(
-    session: AsyncSession,
-    *,
-    node: NodeRow,
-    project_id: str,
-    change: FindingReport,
-    open_rows: dict[str | None, FindingRow],
-    now: dt.datetime,
-) -> None:
-    row = open_rows.get(change.key)
-    if row is not None:
-        # A repeat folds into the open finding: count and last-seen grow, never shrink.
-        row.count = max(row.count, change.count)
-        row.last_seen = max(row.last_seen, change.last_seen)
-        row.evidence = change.evidence or row.evidence
-        if _rank(change.severity) > _rank(Severity(row.severity)):
-            row.severity = change.severity.value
-        return
-    row = FindingRow(
-        id=new_id(),
-        cluster_id=node.cluster_id,
-        node_id=node.id,
+def _sighting(change: FindingReport) -> Sighting:
+    return Sighting(
+        key=change.key,
+        signature_id=change.signature_id,
+        title=change.title or change.signature_id,
+        severity=change.severity,
+        source=change.source,
+        evidence=change.evidence,
+        first_seen=change.first_seen,
+        last_seen=change.last_seen,
+        # The agent's detector counts the episode itself and re-sends its running count.
+        running_count=change.count,
         gpu_uuid=change.gpu_uuid,
-        fold_key=change.key,
         gpu_index=change.gpu_index,
         pci_bus_id=change.pci_bus_id,
         component=change.component,
-        signature_id=change.signature_id,
-        title=change.title or change.signature_id,
-        severity=change.severity.value,
-        source=change.source.value,
-        evidence=change.evidence,
-        count=change.count,
-        first_seen=change.first_seen,
-        last_seen=change.last_seen,
-        cleared_at=None,
-    )
-    session.add(row)
-    open_rows[change.key] = row
-    where = f" GPU {change.gpu_index}" if change.gpu_index is not None else ""
-    record_event(
-        session,
-        kind=EventKind.FINDING_OPENED,
-        message=f"node {node.name}{where}: {row.title} ({change.severity.value})",
-        project_id=project_id,
-        cluster_id=node.cluster_id,
-        node_id=node.id,
-        actor=f"node:{node.name}",
-        data={
-            "finding_id": row.id,
-            "signature": change.signature_id,
-            "severity": change.severity.value,
-            "gpu_uuid": change.gpu_uuid,
-            "evidence": change.evidence[:500],
-        },
-        ts=now,
     )
 
 
-def _clear(
-    session: AsyncSession,
-    *,
-    node: NodeRow,
-    project_id: str,
-    change: FindingReport,
-    open_rows: dict[str | None, FindingRow],
-) -> None:
-    row = open_rows.get(change.key)
-    if row is None:
-        return  # nothing open under that key: clearing twice is harmless
-    if change.first_seen < row.first_seen:
-        # The end of an earlier episode under the same key, which began before this
-        # open finding did (an agent that restarted without its memory re-sends the
-        # clears it cannot know were delivered). It says nothing about this one.
-        return
-    del open_rows[change.key]
-    row.cleared_at = max(change.last_seen, row.first_seen)
-    row.last_seen = max(row.last_seen, change.last_seen)
-    record_event(
-        session,
-        kind=EventKind.FINDING_CLEARED,
-        message=f"node {node.name}: {row.title} cleared",
-        project_id=project_id,
-        cluster_id=node.cluster_id,
-        node_id=node.id,
-        actor=f"node:{node.name}",
-        data={"finding_id": row.id, "signature": row.signature_id},
-        ts=change.last_seen,
-    )
-
-
-async def refresh_node_health(
-    session: AsyncSession,
-    *,
-    node: NodeRow,
-    project_id: str,
-    now: dt.datetime,
-    staleness_s: float,
-) -> None:
-    """Recompute a node's and its GPUs' health from its open findings (after a repair
-    closed some)."""
-    await session.flush()
-    open_rows = list(
-        await session.scalars(
-            select(FindingRow).where(FindingRow.node_id == node.id, FindingRow.cleared_at.is_(None))
-        )
-    )
-    await _refresh_health(
-        session,
-        node=node,
-        project_id=project_id,
-        open_rows=open_rows,
-        now=now,
-        staleness_s=staleness_s,
-        actor="system:repairs",
-    )
-
-
-async def _refresh_health(
-    session: AsyncSession,
-    *,
-    node: NodeRow,
-    project_id: str,
-    open_rows: list[FindingRow],
-    now: dt.datetime,
-    staleness_s: float,
-    actor: str | None = None,
-) -> None:
-    gpus = list(
-        await session.scalars(
-            select(GpuRow).where(GpuRow.node_id == node.id, GpuRow.removed_at.is_(None))
-        )
-    )
-    for gpu in gpus:
-        gpu.health = health_from_severities(
-            Severity(f.severity) for f in open_rows if f.gpu_uuid == gpu.uuid
-        ).value
-    reporting = sum(1 for g in gpus if g.sampled_at is not None)
-    health = node_health(
-        last_report_at=node.last_report_at,
-        now=now,
-        staleness_s=staleness_s,
-        expected_gpus=node.expected_gpus,
-        reporting_gpus=reporting if node.last_report_at else node.expected_gpus,
-        finding_severities=[Severity(f.severity) for f in open_rows],
-    )
-    if health.value == node.health:
-        return
-    record_event(
-        session,
-        kind=EventKind.NODE_HEALTH,
-        message=f"node {node.name} health: {node.health} → {health.value}",
-        project_id=project_id,
-        cluster_id=node.cluster_id,
-        node_id=node.id,
-        actor=actor or f"node:{node.name}",
-        data={"from": node.health, "to": health.value},
-        ts=now,
-    )
-    node.health = health.value
-    node.updated_at = now
-
-
-_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2, Severity.FATAL: 3}
-
-
-def _rank(severity: Severity) -> int:
-    return _SEVERITY_RANK[severity]
-
-
-__all__ = ["apply_finding_batch", "refresh_node_health"]
+__all__ = ["apply_finding_batch"]

@@ -22,6 +22,7 @@ from gpufleet.core.errors import Conflict, GpufleetError, Unauthorized
 from gpufleet.core.health import node_health
 from gpufleet.core.ids import new_id
 from gpufleet.server.db.tables import ClusterRow, EventRow, FindingRow, GpuRow, NodeRow
+from gpufleet.server.services.node_health import stage_node_health
 from gpufleet.server.services.telemetry_history import (
     NodeSample,
     first_report_of_minute,
@@ -155,19 +156,18 @@ async def apply_report_batches(
                 reporting_gpus=len(latest.gpus),
                 finding_severities=w.severities,
             )
-            if health.value != w.node.health:
-                events.append(
-                    _event(
-                        w,
-                        kind=EventKind.NODE_HEALTH,
-                        now=now,
-                        message=f"node {w.node.name} health: {w.node.health} → {health.value}"
-                        + _health_reason(w, latest, health),
-                        data={"from": w.node.health, "to": health.value},
-                    )
-                )
-                w.node.health = health.value
-            w.updates.update(last_report_at=now, last_report_seq=latest.seq, health=health.value)
+            changed = stage_node_health(
+                w.node,
+                updates=w.updates,
+                project_id=w.project_id,
+                target=health,
+                actor=f"node:{w.node.name}",
+                now=now,
+                reason=_health_reason(w, latest, health),
+            )
+            if changed is not None:
+                events.append(changed)
+            w.updates.update(last_report_at=now, last_report_seq=latest.seq)
         if item.batch.identity is not None:
             ident = item.batch.identity
             if ident.hostname != w.node.hostname:
@@ -200,7 +200,7 @@ def _has_repeated_seq(reports: list[NodeReport]) -> bool:
 
 def _health_reason(w: _NodeWork, latest: NodeReport, health: Health) -> str:
     if health is Health.UNHEALTHY and len(latest.gpus) < w.node.expected_gpus:
-        return f" ({len(latest.gpus)} of {w.node.expected_gpus} GPUs reporting)"
+        return f"{len(latest.gpus)} of {w.node.expected_gpus} GPUs reporting"
     return ""
 
 

@@ -5,7 +5,8 @@ later run that passes on the node clears them.
 Entries are the catalog's ``source = "active-check"`` signatures (``CheckRule``); which
 one a failure raises follows its reason code and whether it names a GPU
 (``signature_for``). A finding's fold key is ``check:<signature>:<gpu>:<hca>``, so the
-same failure seen again folds into the open finding (count + 1) instead of a second one.
+same failure seen again folds into the open finding (count + 1: a failing run is one
+more occurrence) instead of a second one; ``services/findings.py`` writes them.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.checks.aggregate import Blame
 from gpufleet.checks.models import CheckKind
-from gpufleet.core.enums import EventKind, FindingSource
-from gpufleet.core.ids import new_id
+from gpufleet.core.enums import FindingSource
 from gpufleet.core.signatures.catalog import get_catalog
 from gpufleet.core.signatures.models import CheckRule, Signature
-from gpufleet.server.db.tables import ClusterRow, FindingRow, GpuRow, NodeRow
-from gpufleet.server.services.agent_findings import refresh_node_health
-from gpufleet.server.services.events import record_event
+from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
+from gpufleet.server.services.findings import (
+    Sighting,
+    clear_finding,
+    open_findings,
+    open_or_fold_finding,
+)
+from gpufleet.server.services.node_health import refresh_node_health
 
 ACTOR = "system:checks"
 EVIDENCE_LIMIT = 4000  # characters of evidence kept on a finding
@@ -103,16 +108,8 @@ async def apply_check_findings(
             wanted[(blame.node_id, key)] = (sig, merged)
         else:
             wanted[(blame.node_id, key)] = (sig, blame)
-    ids = {s.id for s in check_signatures(kind)}
-    touched = set(nodes)
-    open_rows = list(
-        await session.scalars(
-            select(FindingRow).where(
-                FindingRow.node_id.in_(touched),
-                FindingRow.cleared_at.is_(None),
-                FindingRow.signature_id.in_(ids),
-            )
-        )
+    open_rows = await open_findings(
+        session, node_ids=nodes.keys(), signature_ids=[s.id for s in check_signatures(kind)]
     )
     by_key = {(r.node_id, r.fold_key): r for r in open_rows}
     out: list[str] = []
@@ -120,76 +117,54 @@ async def apply_check_findings(
         node = nodes.get(node_id)
         if node is None:
             continue
-        evidence = _evidence(kind, run_id, node.name, blame, evidence_tail.get(node_id, ""))
-        row = by_key.get((node_id, key))
-        if row is not None:
-            row.count += 1
-            row.last_seen = now
-            row.evidence = evidence
-            out.append(row.id)
-            continue
-        row = FindingRow(
-            id=new_id(),
-            cluster_id=cluster.id,
-            node_id=node_id,
-            gpu_uuid=await _gpu_uuid(session, node_id, blame.gpu_index),
-            fold_key=key,
-            gpu_index=blame.gpu_index,
-            pci_bus_id=None,
-            component=blame.hca,
+        sighting = Sighting(
+            key=key,
             signature_id=sig.id,
             title=sig.title,
-            severity=sig.severity.value,
-            source=FindingSource.ACTIVE_CHECK.value,
-            evidence=evidence,
-            count=1,
+            severity=sig.severity,
+            source=FindingSource.ACTIVE_CHECK,
+            evidence=_evidence(kind, run_id, node.name, blame, evidence_tail.get(node_id, "")),
             first_seen=now,
             last_seen=now,
-            cleared_at=None,
+            running_count=None,  # a failing run is one more occurrence
+            gpu_uuid=await _gpu_uuid(session, node_id, blame.gpu_index),
+            gpu_index=blame.gpu_index,
+            component=blame.hca,
         )
-        session.add(row)
-        out.append(row.id)
-        where = f" GPU {blame.gpu_index}" if blame.gpu_index is not None else ""
-        where += f" {blame.hca}" if blame.hca else ""
-        record_event(
+        row = open_or_fold_finding(
             session,
-            kind=EventKind.FINDING_OPENED,
-            message=f"node {node.name}{where}: {sig.title} ({sig.severity.value}), "
-            f"check run {run_id}",
+            node=node,
             project_id=cluster.project_id,
-            cluster_id=cluster.id,
-            node_id=node_id,
+            open_row=by_key.get((node_id, key)),
+            sighting=sighting,
             actor=ACTOR,
-            data={
-                "finding_id": row.id,
-                "signature": sig.id,
-                "severity": sig.severity.value,
-                "check_run_id": run_id,
-                "evidence": evidence[:500],
-            },
-            ts=now,
+            now=now,
+            context=f"check run {run_id}",
+            data={"check_run_id": run_id},
         )
+        out.append(row.id)
     judged_ids = set(judged)
     for row in open_rows:
         if row.node_id not in judged_ids or (row.node_id, row.fold_key) in wanted:
             continue
-        row.cleared_at = now
-        row.last_seen = max(row.last_seen, now)
-        record_event(
+        clear_finding(
             session,
-            kind=EventKind.FINDING_CLEARED,
-            message=f"node {nodes[row.node_id].name}: {row.title} cleared: check run {run_id} "
-            "passed there",
+            row=row,
+            node=nodes[row.node_id],
             project_id=cluster.project_id,
-            cluster_id=cluster.id,
-            node_id=row.node_id,
+            at=now,
             actor=ACTOR,
-            data={"finding_id": row.id, "signature": row.signature_id, "check_run_id": run_id},
-            ts=now,
+            why=f"check run {run_id} passed there",
+            data={"check_run_id": run_id},
         )
     for node in nodes.values():
         await refresh_node_health(
-            session, node=node, project_id=cluster.project_id, now=now, staleness_s=staleness_s
+            session,
+            node=node,
+            project_id=cluster.project_id,
+            actor=ACTOR,
+            now=now,
+            staleness_s=staleness_s,
         )
     return out
 

@@ -25,6 +25,7 @@ from gpufleet.core.enums import (
 )
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.gpu_models import GPU_MODELS
+from gpufleet.core.health import shown_health
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Cluster, NodeCounts, Page
 from gpufleet.core.rbac import Permission
@@ -35,7 +36,6 @@ from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateCluster
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
-from gpufleet.server.services.nodes import effective_health
 from gpufleet.server.services.projects import get_project_row_or_error
 from gpufleet.server.services.transitions import Change, record_transition
 
@@ -88,10 +88,10 @@ async def count_nodes(
             NodeRow.cluster_id.in_(cluster_ids), NodeRow.state != NodeState.REMOVED.value
         )
     )
-    probe = NodeRow()
     for cluster_id, state, health, last_report_at in rows:
-        probe.health, probe.last_report_at = health, last_report_at
-        h = effective_health(probe, now=now, staleness_s=staleness_s).value
+        h = shown_health(
+            Health(health), last_report_at=last_report_at, now=now, staleness_s=staleness_s
+        ).value
         by_state[cluster_id][state] = by_state[cluster_id].get(state, 0) + 1
         by_health[cluster_id][h] = by_health[cluster_id].get(h, 0) + 1
         totals[cluster_id] += 1

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpufleet.core.clock import utcnow
 from gpufleet.core.enums import EventKind, Health, NodeState
 from gpufleet.core.errors import InvalidInput, NotFound
-from gpufleet.core.health import is_stale
+from gpufleet.core.health import shown_health
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Gpu, Node, Page
 from gpufleet.core.rbac import Permission
@@ -33,17 +33,11 @@ REPORTING_STATES = frozenset(
 
 
 def effective_health(row: NodeRow, *, now: dt.datetime, staleness_s: float) -> Health:
-    """The stored health, except that a silent node reads as unknown at once.
-
-    The staleness loop writes ``unknown`` within one pass; this closes the gap between
-    passes so a stale node is never shown healthy.
-    """
-    health = Health(row.health)
-    if health is Health.UNHEALTHY:
-        return health
-    if is_stale(last_report_at=row.last_report_at, now=now, staleness_s=staleness_s):
-        return Health.UNKNOWN
-    return health
+    """The stored health, except that a silent node reads as unknown at once
+    (``core.health.shown_health``)."""
+    return shown_health(
+        Health(row.health), last_report_at=row.last_report_at, now=now, staleness_s=staleness_s
+    )
 
 
 def gpu_health(row: GpuRow, *, node_health: Health) -> Health:

@@ -6,11 +6,13 @@ import datetime as dt
 
 from sqlalchemy import or_, select
 
-from gpufleet.core.enums import ClusterStatus, EventKind, Health, NodeState, Severity
+from gpufleet.core.enums import ClusterStatus, Health, NodeState, Severity
 from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow
-from gpufleet.server.services.events import record_event
 from gpufleet.server.services.health import refresh_cluster_health
+from gpufleet.server.services.node_health import set_node_health
 from gpufleet.server.workers.base import LoopDeps, LoopService
+
+ACTOR = "system:health"
 
 
 class HealthLoop(LoopService):
@@ -53,29 +55,33 @@ class HealthLoop(LoopService):
                 else set()
             )
             for node, project_id in stale:
-                if node.id in unhealthy_by_finding:
-                    # Known bad beats unknown: silence does not hide an open critical finding.
-                    if node.health != Health.UNHEALTHY.value:
-                        node.health = Health.UNHEALTHY.value
-                    continue
                 silent = (
                     "never reported"
                     if node.last_report_at is None
                     else f"no report for {int((now - node.last_report_at).total_seconds())} s"
                 )
-                record_event(
+                if node.id in unhealthy_by_finding:
+                    # Known bad beats unknown: silence does not hide an open critical finding.
+                    set_node_health(
+                        session,
+                        node=node,
+                        project_id=project_id,
+                        target=Health.UNHEALTHY,
+                        actor=ACTOR,
+                        now=now,
+                        reason=f"an open critical finding; {silent}",
+                    )
+                    continue
+                if set_node_health(
                     session,
-                    kind=EventKind.NODE_HEALTH,
-                    message=f"node {node.name} health: {node.health} → unknown ({silent})",
+                    node=node,
                     project_id=project_id,
-                    cluster_id=node.cluster_id,
-                    node_id=node.id,
-                    actor="system:health",
-                    data={"from": node.health, "to": Health.UNKNOWN.value, "reason": silent},
-                    ts=now,
-                )
-                node.health = Health.UNKNOWN.value
-                self.marked_unknown += 1
+                    target=Health.UNKNOWN,
+                    actor=ACTOR,
+                    now=now,
+                    reason=silent,
+                ):
+                    self.marked_unknown += 1
         async with self.db.transaction() as session:
             clusters = (
                 await session.scalars(

@@ -16,17 +16,17 @@ import datetime as dt
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import EventKind, NodeState, RepairStatus
 from gpufleet.core.repair.models import ACTIVE_STATUSES, PolicyConfig
 from gpufleet.providers.base import Provider
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, Scheduler
-from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow, RepairRow
+from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.findings import close_findings_for_repair
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.repair_policy import load_policy
 from gpufleet.server.services.repairs import switch_repair_status
@@ -215,21 +215,12 @@ class StepBase(LoopService):
 
 async def close_findings(tx: Tx, *, why: str, before: dt.datetime | None = None) -> None:
     """Close the node's open findings (those last seen before ``before``, if given)."""
-    query = select(FindingRow).where(
-        FindingRow.node_id == tx.node.id, FindingRow.cleared_at.is_(None)
+    await close_findings_for_repair(
+        tx.session,
+        node=tx.node,
+        project_id=tx.project_id,
+        actor=ACTOR,
+        why=why,
+        now=tx.now,
+        seen_before=before,
     )
-    if before is not None:
-        query = query.where(FindingRow.last_seen <= before)
-    for finding in await tx.session.scalars(query):
-        finding.cleared_at = tx.now
-        record_event(
-            tx.session,
-            kind=EventKind.FINDING_CLEARED,
-            message=f"node {tx.node.name}: {finding.title} cleared ({why})",
-            project_id=tx.project_id,
-            cluster_id=tx.node.cluster_id,
-            node_id=tx.node.id,
-            actor=ACTOR,
-            data={"finding_id": finding.id, "signature": finding.signature_id, "reason": why},
-            ts=tx.now,
-        )

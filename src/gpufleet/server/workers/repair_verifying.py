@@ -37,7 +37,7 @@ from gpufleet.server.db.tables import (
     NodeStartupRow,
 )
 from gpufleet.server.services.acceptance import create_acceptance_run
-from gpufleet.server.services.agent_findings import refresh_node_health
+from gpufleet.server.services.node_health import refresh_node_health
 from gpufleet.server.services.startup_scripts import (
     StartupStatus,
     StartupTrigger,
@@ -272,6 +272,7 @@ class VerifyingSteps(StepBase):
                 tx.session,
                 node=tx.node,
                 project_id=tx.project_id,
+                actor="system:repairs",
                 now=tx.now,
                 staleness_s=self.staleness_s,
             )

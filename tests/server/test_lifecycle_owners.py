@@ -1,0 +1,151 @@
+"""One owner per lifecycle (DESIGN.md): a scan of ``src/`` for writes outside the owner.
+
+Each rule is its own test function. The scan is syntactic (``ast``), so it is precise about
+where a write is and blunt about what is written to: an assignment to ``x.cleared_at``
+counts whatever ``x`` is. The allow-lists name owner modules, never a line.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import gpufleet
+
+SRC = Path(gpufleet.__file__).parent
+ROOT = SRC.parent  # paths below read "gpufleet/server/…"
+
+FINDINGS_OWNER = "gpufleet/server/services/findings.py"
+HEALTH_OWNER = "gpufleet/server/services/node_health.py"
+# A FindingRow's state: only the findings service opens, folds and clears. (``evidence``
+# is left out: a RepairRow has one too, which the planner writes.)
+FINDING_STATE_FIELDS = frozenset({"cleared_at", "count", "first_seen", "last_seen", "severity"})
+# Cluster health has its own owner, the cluster health refresh; the scan lets that module
+# assign ``cluster.health`` and nothing else.
+CLUSTER_HEALTH_OWNER = "gpufleet/server/services/health.py"
+
+
+@dataclass(frozen=True)
+class Write:
+    module: str  # path relative to src/, e.g. gpufleet/server/services/findings.py
+    line: int
+    target: str  # e.g. "row.cleared_at"
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.line}: {self.target}"
+
+
+def _modules() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        yield rel, ast.parse(path.read_text(encoding="utf-8"), filename=rel)
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        out: list[ast.expr] = []
+        for target in node.targets:
+            out.extend(target.elts if isinstance(target, ast.Tuple | ast.List) else [target])
+        return out
+    if isinstance(node, ast.AugAssign | ast.AnnAssign):
+        return [node.target]
+    return []
+
+
+def writes_in(
+    module: str, tree: ast.AST, attrs: frozenset[str], *, keys: frozenset[str] = frozenset()
+) -> list[Write]:
+    """Every ``x.<attr> = …`` / ``x.<attr> += …`` in ``tree`` for ``attr`` in ``attrs``,
+    and every ``x["<key>"] = …`` for ``key`` in ``keys`` (column values for a set-wise
+    UPDATE)."""
+    return [
+        Write(module, target.lineno, ast.unparse(target))
+        for node in ast.walk(tree)
+        for target in _targets(node)
+        if (isinstance(target, ast.Attribute) and target.attr in attrs)
+        or (
+            isinstance(target, ast.Subscript)
+            and isinstance(target.slice, ast.Constant)
+            and target.slice.value in keys
+        )
+    ]
+
+
+def attribute_writes(attrs: frozenset[str], *, keys: frozenset[str] = frozenset()) -> list[Write]:
+    return [w for module, tree in _modules() for w in writes_in(module, tree, attrs, keys=keys)]
+
+
+def constructions_in(module: str, tree: ast.AST, class_name: str) -> list[Write]:
+    """Every call of ``class_name(…)`` (or ``something.class_name(…)``) in ``tree``."""
+    found: list[Write] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = (
+            func.id
+            if isinstance(func, ast.Name)
+            else func.attr
+            if isinstance(func, ast.Attribute)
+            else None
+        )
+        if name == class_name:
+            found.append(Write(module, node.lineno, f"{class_name}(…)"))
+    return found
+
+
+def constructions(class_name: str) -> list[Write]:
+    return [w for module, tree in _modules() for w in constructions_in(module, tree, class_name)]
+
+
+def test_only_the_findings_service_changes_a_findings_state() -> None:
+    stray = [str(w) for w in attribute_writes(FINDING_STATE_FIELDS) if w.module != FINDINGS_OWNER]
+    assert stray == [], (
+        "a finding's state is written only by gpufleet.server.services.findings "
+        "(open_or_fold_finding / clear_finding / close_findings_for_repair):\n" + "\n".join(stray)
+    )
+
+
+def test_only_the_findings_service_creates_a_finding() -> None:
+    stray = [str(w) for w in constructions("FindingRow") if w.module != FINDINGS_OWNER]
+    assert stray == [], "FindingRow is built only by services/findings.py:\n" + "\n".join(stray)
+
+
+def test_only_the_node_health_service_changes_health() -> None:
+    stray = [
+        str(w)
+        for w in attribute_writes(frozenset({"health"}), keys=frozenset({"health"}))
+        if w.module != HEALTH_OWNER
+        and not (w.module == CLUSTER_HEALTH_OWNER and w.target == "cluster.health")
+    ]
+    assert stray == [], (
+        "node and GPU health are written only by gpufleet.server.services.node_health "
+        "(refresh_node_health / set_node_health), which writes the event:\n" + "\n".join(stray)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("row.cleared_at = now", ["m.py:1: row.cleared_at"]),
+        ("row.count += 1", ["m.py:1: row.count"]),
+        ("a.b.last_seen: int = 3", ["m.py:1: a.b.last_seen"]),
+        ("x, row.severity = 1, 2", ["m.py:1: row.severity"]),
+        ('values["cleared_at"] = now', ["m.py:1: values['cleared_at']"]),
+        ("row.cleared_at == now\nf(cleared_at=now)", []),  # a read and a keyword: no write
+    ],
+)
+def test_the_scan_sees_every_form_of_assignment(source: str, expected: list[str]) -> None:
+    fields = FINDING_STATE_FIELDS
+    seen = writes_in("m.py", ast.parse(source), fields, keys=fields)
+    assert [str(w) for w in seen] == expected
+
+
+def test_the_scan_sees_a_finding_built_under_any_name() -> None:
+    source = "FindingRow(id=1)\ntables.FindingRow(id=2)\nFindingRowish(id=3)\nFindingRow"
+    seen = constructions_in("m.py", ast.parse(source), "FindingRow")
+    assert [str(w) for w in seen] == ["m.py:1: FindingRow(…)", "m.py:2: FindingRow(…)"]
