@@ -103,10 +103,12 @@ def test_me_sends_bearer_token_and_parses(
             "created_at": T0,
         },
         "memberships": [{"project_id": PROJECT_ID, "user_id": "u1", "role": "admin"}],
+        "token": {"id": "t1", "project_id": None, "role": None},
     }
     me = make(lambda _: httpx.Response(200, json=body)).me()
     assert me.user.name == "ada"
     assert me.memberships[0].role is Role.ADMIN
+    assert me.token.id == "t1" and me.token.project_id is None
     assert calls[0].url.path == "/api/v1/me"
     assert calls[0].headers["Authorization"] == "Bearer tok-1"
 
