@@ -206,6 +206,16 @@ def test_error_body_becomes_api_error(make: Callable[[Handler], ApiClient]) -> N
     assert (exc.value.status, exc.value.code, exc.value.field) == (422, "invalid_input", "size")
 
 
+def test_an_error_without_the_api_body_keeps_status_and_text(
+    make: Callable[[Handler], ApiClient],
+) -> None:
+    client = make(lambda _: httpx.Response(502, text="<html>bad gateway</html>"))
+    with pytest.raises(ApiError) as exc:
+        client.get_cluster("c1")
+    assert (exc.value.status, exc.value.code) == (502, "http_error")
+    assert exc.value.message == "<html>bad gateway</html>" and exc.value.field is None
+
+
 def test_transport_error_is_server_unreachable() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)

@@ -121,3 +121,13 @@ def test_the_answers_that_were_loose_dicts_are_named_models(app: FastAPI) -> Non
     assert ref("/usage/gpu-hours", "get") == "GpuHours"
     assert ref("/projects/{project_ref}/repair-policy", "get") == "PolicyConfig"
     assert ref("/projects/{project_ref}/repair-policy/replay", "post") == "ReplayReport"
+
+
+def test_openapi_describes_the_error_body_the_server_writes(app: FastAPI) -> None:
+    document = app.openapi()
+    # FastAPI's own 422 shape is never sent: the handlers write ErrorResponse for all.
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    operation = document["paths"][f"{API}/clusters"]["post"]
+    for code in ("4XX", "5XX"):
+        schema = operation["responses"][code]["content"]["application/json"]["schema"]
+        assert schema["$ref"].endswith("/ErrorResponse")

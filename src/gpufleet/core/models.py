@@ -331,6 +331,18 @@ class GpuHours(_Domain):
     jobs: int
 
 
+class ErrorDetail(_Domain):
+    code: str  # for programs: not_found, conflict, invalid_input, forbidden, ...
+    message: str  # for a person: what was wrong and what is accepted
+    field: str | None = None  # the input at fault, when there is one
+
+
+class ErrorResponse(_Domain):
+    """The body of every 4xx and 5xx answer of the API."""
+
+    error: ErrorDetail
+
+
 T = TypeVar("T")
 
 
