@@ -113,6 +113,7 @@ ME = {
         "created_at": T0,
     },
     "memberships": [{"project_id": PROJECT_ID, "user_id": "u1", "role": "admin"}],
+    "token": {"id": "t1", "project_id": None, "role": None},
 }
 TOKEN = {
     "token": "gft_secret_123",

@@ -103,10 +103,12 @@ def test_me_sends_bearer_token_and_parses(
             "created_at": T0,
         },
         "memberships": [{"project_id": PROJECT_ID, "user_id": "u1", "role": "admin"}],
+        "token": {"id": "t1", "project_id": None, "role": None},
     }
     me = make(lambda _: httpx.Response(200, json=body)).me()
     assert me.user.name == "ada"
     assert me.memberships[0].role is Role.ADMIN
+    assert me.token.id == "t1" and me.token.project_id is None
     assert calls[0].url.path == "/api/v1/me"
     assert calls[0].headers["Authorization"] == "Bearer tok-1"
 
@@ -202,6 +204,16 @@ def test_error_body_becomes_api_error(make: Callable[[Handler], ApiClient]) -> N
     with pytest.raises(ApiError) as exc:
         client.create_cluster(project="ml", name="x", size=-1)
     assert (exc.value.status, exc.value.code, exc.value.field) == (422, "invalid_input", "size")
+
+
+def test_an_error_without_the_api_body_keeps_status_and_text(
+    make: Callable[[Handler], ApiClient],
+) -> None:
+    client = make(lambda _: httpx.Response(502, text="<html>bad gateway</html>"))
+    with pytest.raises(ApiError) as exc:
+        client.get_cluster("c1")
+    assert (exc.value.status, exc.value.code) == (502, "http_error")
+    assert exc.value.message == "<html>bad gateway</html>" and exc.value.field is None
 
 
 def test_transport_error_is_server_unreachable() -> None:

@@ -64,6 +64,9 @@ async def test_jobs_of_three_users_are_copied_once_through_an_outage_and_a_resta
         )
         assert sum(r["gpu_hours"] for r in daily.json()["rows"]) == 28.0
         assert all(len(r["day"]) == 10 for r in daily.json()["rows"])
+        # A row carries the keys grouped by and nothing for the others (not even null).
+        assert all(set(r) == {"day", "gpu_hours", "jobs"} for r in daily.json()["rows"])
+        assert daily.json()["group_by"] == ["day"]
 
 
 async def test_bad_usage_queries_are_refused(database_url: str, tmp_path: Path) -> None:

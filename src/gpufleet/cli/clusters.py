@@ -26,10 +26,9 @@ from gpufleet.cli.output import (
     table,
 )
 from gpufleet.cli.paging import collect
-from gpufleet.client.api import ClusterStatusReport
 from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
-from gpufleet.core.models import Breaker, Cluster, NodeCounts, Page
+from gpufleet.core.models import Breaker, Cluster, ClusterStatusReport, NodeCounts, Page
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
 

@@ -29,11 +29,11 @@ from gpufleet.cli.output import (
     table,
 )
 from gpufleet.cli.paging import collect
-from gpufleet.client.api import ApiClient, NodeAction, NodeActionResult
+from gpufleet.client.api import ApiClient
 from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
 from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.ids import is_id
-from gpufleet.core.models import Gpu, Node, Page
+from gpufleet.core.models import Gpu, Node, NodeAction, NodeActionResult, Page
 
 app = typer.Typer(help="Nodes and their GPUs.", no_args_is_help=True)
 

@@ -31,10 +31,12 @@ from gpufleet.cli.output import (
     table,
 )
 from gpufleet.cli.paging import collect
+from gpufleet.client.api import REPLAY, policy_json
 from gpufleet.core.enums import RepairAction, RepairStatus
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Page, Repair
-from gpufleet.core.repair.models import DrainTimeoutAction, RepairKind
+from gpufleet.core.repair.models import DrainTimeoutAction, PolicyConfig, RepairKind
+from gpufleet.core.repair.replay import ReplayReport
 
 app = typer.Typer(help="The repair queue: recommendations, approvals, progress.",
                   no_args_is_help=True)  # fmt: skip
@@ -368,28 +370,27 @@ def force_repair(
     emit(output, repair, _after("forced"))
 
 
-def _render_replay(report: dict[str, Any]) -> None:
-    entries = _dicts(report.get("entries"))
+def _render_replay(report: ReplayReport) -> None:
     t = table("AT", "SUBJECT", "KIND", "ACTION", "SIGNATURE", "AUTO", "REASON", "RULE")
-    for e in entries:
+    for e in report.entries:
         t.add_row(
-            _when(e.get("at")),
-            plain(e.get("subject", e.get("node"))),
-            plain(e.get("kind")),
-            plain(e.get("action")),
-            plain(e.get("signature_id")),
-            Text("auto", style="yellow") if e.get("auto_approved") else plain(None),
-            plain(e.get("reason")),
-            plain(e.get("rule")),
+            Text(fmt_time(e.at)),
+            plain(e.subject),
+            plain(e.kind),
+            plain(None if e.action is None else e.action.value),
+            plain(e.signature_id),
+            Text("auto", style="yellow") if e.auto_approved else plain(None),
+            plain(e.reason),
+            plain(e.rule),
         )
-    if entries:
+    if report.entries:
         print_table(t)
     else:
         note("the policy would have done nothing")
-    summary = report.get("summary")
-    if isinstance(summary, dict) and summary:
+    if report.summary:
         note("")
-        print_table(fields([(str(k), str(v)) for k, v in sorted(summary.items())], title="Summary"))
+        rows = [(k, str(v)) for k, v in sorted(report.summary.items())]
+        print_table(fields(rows, title="Summary"))
 
 
 def _load_json_object(path: Path, *, option: str) -> dict[str, Any]:
@@ -432,20 +433,20 @@ def replay_policy(
             project, days=days, cluster_id=cluster_id, policy=policy
         )
     if output is OutputFormat.JSON:
-        print_data(report)
+        print_data(REPLAY.dump_python(report, mode="json"))
     else:
         _render_replay(report)
 
 
-def _render_policy(policy: dict[str, Any]) -> None:
-    rules = _dicts(policy.get("auto_approve"))
+def _render_policy(policy: PolicyConfig) -> None:
+    values = policy_json(policy)
     rows: list[tuple[str, Text | str]] = [
-        (str(k), str(v)) for k, v in policy.items() if k != "auto_approve"
+        (k, str(v)) for k, v in values.items() if k != "auto_approve"
     ]
     rows.append(
         (
             "auto_approve",
-            ", ".join(f"{r.get('signature_id')}:{r.get('action')}" for r in rules)
+            ", ".join(f"{r.signature_id}:{r.action.value}" for r in policy.auto_approve)
             or "none (every repair waits for an admin)",
         )
     )
@@ -460,7 +461,7 @@ def show_policy(
     with config.client_for(ctx) as client:
         policy = client.get_repair_policy(project)
     if output is OutputFormat.JSON:
-        print_data(policy)
+        print_data(policy_json(policy))
     else:
         _render_policy(policy)
 
@@ -556,9 +557,9 @@ def set_policy(
     with config.client_for(ctx) as client:
         # PUT replaces the whole policy: flags alone change the current one, not the
         # defaults, so `--auto-approve` does not quietly reset the breaker.
-        policy = {**(base if base is not None else client.get_repair_policy(project)), **changes}
-        stored = client.set_repair_policy(project, policy)
+        current = base if base is not None else policy_json(client.get_repair_policy(project))
+        stored = client.set_repair_policy(project, {**current, **changes})
     if output is OutputFormat.JSON:
-        print_data(stored)
+        print_data(policy_json(stored))
     else:
         _render_policy(stored)

@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
-from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from gpufleet.cli import config
 from gpufleet.cli.output import OutputFormat, OutputOpt, plain, print_data, print_table, table
+from gpufleet.core.models import GpuHours, UsageGroup
 
 app = typer.Typer(no_args_is_help=True, help="GPU-hours by project, user, account and day.")
-
-
-class By(StrEnum):
-    PROJECT = "project"
-    CLUSTER = "cluster"
-    USER = "user"
-    ACCOUNT = "account"
-    DAY = "day"
 
 
 @app.command("gpu-hours")
 def gpu_hours(
     ctx: typer.Context,
     by: Annotated[
-        list[By] | None,
+        list[UsageGroup] | None,
         typer.Option("--by", help="Group by this (repeatable; default: project)."),
     ] = None,
     days: Annotated[
@@ -39,7 +31,7 @@ def gpu_hours(
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """GPU-hours of the jobs that ended in the last days (a job counts on its end day)."""
-    groups = [b.value for b in (by or [By.PROJECT])]
+    groups = by or [UsageGroup.PROJECT]
     with config.client_for(ctx) as client:
         cluster_id = None if cluster is None else client.find_cluster(cluster, project=project).id
         until = dt.datetime.now(dt.UTC)
@@ -51,20 +43,21 @@ def gpu_hours(
             cluster=cluster_id,
         )
 
-    def render(r: dict[str, Any]) -> None:
-        keys = [str(k) for k in r.get("group_by", groups)]
+    def render(r: GpuHours) -> None:
+        keys = [g.value for g in r.group_by]
         t = table(*(k.upper() for k in keys), "JOBS", "GPU-HOURS", right=("JOBS", "GPU-HOURS"))
-        for row in r.get("rows", []):
+        for row in r.rows:
             t.add_row(
-                *(plain(row.get(k)) for k in keys),
-                str(row.get("jobs", 0)),
-                f"{float(row.get('gpu_hours', 0.0)):,.2f}",
+                *(plain(getattr(row, k)) for k in keys),
+                str(row.jobs),
+                f"{row.gpu_hours:,.2f}",
             )
-        t.add_row(*(["total"] + [""] * (len(keys) - 1)), str(r.get("jobs", 0)),
-                  f"{float(r.get('total_gpu_hours', 0.0)):,.2f}")  # fmt: skip
+        t.add_row(*(["total"] + [""] * (len(keys) - 1)), str(r.jobs),
+                  f"{r.total_gpu_hours:,.2f}")  # fmt: skip
         print_table(t)
 
     if output is OutputFormat.JSON:
-        print_data(report)
+        # As the server sends it: a row has only the keys grouped by.
+        print_data(report.model_dump(mode="json", exclude_none=True))
     else:
         render(report)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterator, Mapping, Sequence
-from enum import StrEnum
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, TypeAdapter
 
 from gpufleet.client.access import AccessCalls
 from gpufleet.client.errors import ApiError, ServerUnreachable
@@ -36,87 +35,35 @@ from gpufleet.core.faults import Fault
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import (
+    AuthConfig,
     Breaker,
     Cluster,
+    ClusterStatusReport,
     CreatedToken,
     Event,
     Finding,
+    GpuHours,
     HealthSummary,
-    Membership,
+    Me,
     Node,
-    NodeCounts,
+    NodeAction,
+    NodeActionResult,
     Page,
     Project,
     Repair,
-    User,
+    UsageGroup,
 )
+from gpufleet.core.repair.models import PolicyConfig
+from gpufleet.core.repair.replay import ReplayReport
 
 API = "/api/v1"
 # The server caps a page at 1000 items; iterators ask for full pages to save round trips.
 MAX_PAGE_SIZE = 1000
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class Me(BaseModel):
-    """``GET /api/v1/me``: who the token belongs to and the projects they are in."""
-
-    model_config = ConfigDict(frozen=True)
-
-    user: User
-    memberships: list[Membership]
-
-
-class AuthConfig(BaseModel):
-    """``GET /api/v1/auth/config``: how to log in to the server (public values only)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    oidc: bool
-    issuer: str | None = None
-    cli_client_id: str | None = None
-    scopes: str | None = None
-    device_authorization_endpoint: str | None = None
-    token_endpoint: str | None = None
-
-
-class ClusterStatusReport(BaseModel):
-    """``GET /api/v1/clusters/{id}/status``: the cheap status view of one cluster."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    name: str
-    status: ClusterStatus
-    health: Health
-    size: int
-    nodes: NodeCounts
-    status_detail: str = ""  # why, e.g. the nodes that failed acceptance
-
-
-class NodeAction(StrEnum):
-    """What ``POST /api/v1/nodes/{id}/actions`` does. The first three hold the node in
-    the scheduler; the others run as an approved repair (cordon, drain, act, verify)."""
-
-    CORDON = "cordon"
-    UNCORDON = "uncordon"
-    DRAIN = "drain"
-    REBOOT = "reboot"
-    REPROVISION = "reprovision"
-    REPLACE = "replace"
-    REMOVE = "remove"
-    RESET_GPU = "reset_gpu"
-    RETRY_STARTUP = "retry_startup"  # run the startup scripts again after one failed
-
-
-class NodeActionResult(BaseModel):
-    """``POST /api/v1/nodes/{id}/actions``: the node after the action, and the repair it
-    started (None for cordon, uncordon and drain)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    node: Node
-    repair: Repair | None
+# The repair policy and its dry run are the engine's own dataclasses; pydantic reads them.
+POLICY = TypeAdapter(PolicyConfig)
+REPLAY = TypeAdapter(ReplayReport)
 
 
 QueryValue = str | int | list[str]
@@ -603,32 +550,32 @@ class ApiClient(AccessCalls):
     def gpu_hours(
         self,
         *,
-        group_by: Sequence[str] = ("project",),
+        group_by: Sequence[UsageGroup] = (UsageGroup.PROJECT,),
         since: dt.datetime | None = None,
         until: dt.datetime | None = None,
         project: str | None = None,
         cluster: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> GpuHours:
         """GPU-hours of finished jobs grouped by project, cluster, user, account, day."""
         params: dict[str, object] = {
-            "group_by": list(group_by),
-            "since": since.isoformat() if since else None,
-            "until": until.isoformat() if until else None,
+            "group_by": [g.value for g in group_by],
+            "since": since,
+            "until": until,
             "project": project,
             "cluster": cluster,
         }
-        return _object(self._call("GET", f"{API}/usage/gpu-hours", params=params), "usage")
+        return self._get(GpuHours, f"{API}/usage/gpu-hours", params)
 
-    def get_repair_policy(self, project: str) -> dict[str, Any]:
+    def get_repair_policy(self, project: str) -> PolicyConfig:
         """A project's repair policy (the server's default when it never set one)."""
         data = self._call("GET", f"{API}/projects/{_segment(project)}/repair-policy")
-        return _object(data, "repair policy")
+        return POLICY.validate_python(data)
 
-    def set_repair_policy(self, project: str, policy: Mapping[str, Any]) -> dict[str, Any]:
-        """Replace a project's repair policy; fields left out take their defaults.
-        Returns the policy as stored."""
+    def set_repair_policy(self, project: str, policy: Mapping[str, Any]) -> PolicyConfig:
+        """Replace a project's repair policy (its fields as JSON, as ``policy_json``
+        writes them); fields left out take their defaults. Returns the policy as stored."""
         path = f"{API}/projects/{_segment(project)}/repair-policy"
-        return _object(self._call("PUT", path, body=policy), "repair policy")
+        return POLICY.validate_python(self._call("PUT", path, body=policy))
 
     def replay_repair_policy(
         self,
@@ -637,16 +584,16 @@ class ApiClient(AccessCalls):
         days: float = 7.0,
         cluster_id: str | None = None,
         policy: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> ReplayReport:
         """Dry run: what ``policy`` (default: the project's) would have done over the
-        findings of the last ``days``. Returns ``{"entries": [...], "summary": {...}}``."""
+        findings of the last ``days``."""
         body = {
             "days": days,
             "cluster_id": cluster_id,
             "policy": None if policy is None else dict(policy),
         }
         path = f"{API}/projects/{_segment(project)}/repair-policy/replay"
-        return _object(self._call("POST", path, body=body), "replay report")
+        return REPLAY.validate_python(self._call("POST", path, body=body))
 
     # -- acceptance -----------------------------------------------------------------
     def list_acceptance_runs(
@@ -763,18 +710,23 @@ class ApiClient(AccessCalls):
         self.close()
 
 
-def _object(data: Any, what: str) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ApiError(200, "bad_response", f"the {what} is not a JSON object: {data!r:.200}")
+def policy_json(policy: PolicyConfig) -> dict[str, Any]:
+    """A policy as the API writes it: the body ``set_repair_policy`` takes."""
+    data: dict[str, Any] = POLICY.dump_python(policy, mode="json")
     return data
 
 
+# The answer types are core's (one definition for the server, this client and the CLI);
+# named here too for SDK users who import them from the client.
 __all__ = [
     "ApiClient",
     "ApiError",
+    "AuthConfig",
     "ClusterStatusReport",
+    "GpuHours",
     "Me",
     "NodeAction",
     "NodeActionResult",
     "ServerUnreachable",
+    "policy_json",
 ]

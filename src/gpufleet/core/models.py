@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -70,6 +71,33 @@ class CreatedToken(_Domain):
     info: ApiToken
 
 
+class CallerToken(_Domain):
+    """The credential a request came with and what it is limited to."""
+
+    id: str  # the token's id; for a console login, the session's
+    project_id: str | None  # None: every project of the user
+    role: Role | None  # None: the user's own role in each project
+
+
+class Me(_Domain):
+    """``GET /api/v1/me``: who the credential belongs to and the projects they are in."""
+
+    user: User
+    memberships: list[Membership]
+    token: CallerToken
+
+
+class AuthConfig(_Domain):
+    """``GET /api/v1/auth/config``: how to log in to this server (public values only)."""
+
+    oidc: bool
+    issuer: str | None = None
+    cli_client_id: str | None = None
+    scopes: str | None = None
+    device_authorization_endpoint: str | None = None
+    token_endpoint: str | None = None
+
+
 class NodeCounts(_Domain):
     total: int
     by_state: dict[str, int]
@@ -100,6 +128,18 @@ class Cluster(_Domain):
     first_node_index: int = 0
     acceptance_suite: AcceptanceSuite = DEFAULT_SUITE  # run unless acceptance_tests is off
     status_detail: str = ""  # why the cluster is in its status, e.g. the node that failed
+
+
+class ClusterStatusReport(_Domain):
+    """``GET /api/v1/clusters/{id}/status``: the cheap status view of one cluster."""
+
+    id: str
+    name: str
+    status: ClusterStatus
+    status_detail: str = ""  # why, e.g. the nodes that failed acceptance
+    health: Health
+    size: int
+    nodes: NodeCounts
 
 
 class Gpu(_Domain):
@@ -210,6 +250,30 @@ class Repair(_Domain):
     finished_at: dt.datetime | None
 
 
+class NodeAction(StrEnum):
+    """What ``POST /api/v1/nodes/{id}/actions`` does. The first three hold the node in
+    the scheduler; the others run as an approved repair (cordon, drain, act, verify)."""
+
+    CORDON = "cordon"
+    UNCORDON = "uncordon"
+    DRAIN = "drain"
+    REBOOT = "reboot"
+    REPROVISION = "reprovision"
+    REPLACE = "replace"  # failover to a new host
+    REMOVE = "remove"
+    RESET_GPU = "reset_gpu"
+    # Run the startup scripts again on a node a failed script holds in provisioning.
+    RETRY_STARTUP = "retry_startup"
+
+
+class NodeActionResult(_Domain):
+    """``POST /api/v1/nodes/{id}/actions``: the node after the action, and the repair it
+    started (None for cordon, uncordon, drain and retry_startup)."""
+
+    node: Node
+    repair: Repair | None
+
+
 class Breaker(_Domain):
     """A cluster's repair circuit breaker."""
 
@@ -230,6 +294,53 @@ class HealthSummary(_Domain):
     gpus_by_health: dict[str, int]
     open_findings_by_severity: dict[str, int]
     stale_nodes: int
+
+
+class UsageGroup(StrEnum):
+    """What ``GET /api/v1/usage/gpu-hours`` groups by."""
+
+    PROJECT = "project"  # the gpufleet project the cluster belongs to
+    CLUSTER = "cluster"
+    USER = "user"
+    ACCOUNT = "account"  # the scheduler's account (Slurm -A)
+    DAY = "day"  # the UTC day a job ended, YYYY-MM-DD
+
+
+class GpuHoursRow(_Domain):
+    """One group: a value for each key grouped by (the others are left out of the JSON,
+    see ``GpuHours``), and its finished jobs' GPU-hours."""
+
+    project: str | None = None
+    cluster: str | None = None
+    user: str | None = None
+    account: str | None = None
+    day: str | None = None
+    gpu_hours: float
+    jobs: int
+
+
+class GpuHours(_Domain):
+    """``GET /api/v1/usage/gpu-hours``: rows sorted by their keys. Sent with None left
+    out, so a row carries only the keys in ``group_by``."""
+
+    group_by: list[UsageGroup]
+    since: dt.datetime
+    until: dt.datetime
+    rows: list[GpuHoursRow]
+    total_gpu_hours: float
+    jobs: int
+
+
+class ErrorDetail(_Domain):
+    code: str  # for programs: not_found, conflict, invalid_input, forbidden, ...
+    message: str  # for a person: what was wrong and what is accepted
+    field: str | None = None  # the input at fault, when there is one
+
+
+class ErrorResponse(_Domain):
+    """The body of every 4xx and 5xx answer of the API."""
+
+    error: ErrorDetail
 
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry, slurm_scheduler
-from gpufleet.server.errors import install_error_handlers
+from gpufleet.server.errors import ERROR_RESPONSES, install_error_handlers
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
@@ -139,7 +139,7 @@ def create_app(
     app.state.ctx = ctx
     _hoist_body_defs(app)
     install_error_handlers(app)
-    api = APIRouter(prefix="/api/v1")
+    api = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
     for module in (
         auth,
         projects,

@@ -1,4 +1,4 @@
-"""Domain errors → HTTP, in one place. Every error body is
+"""Domain errors → HTTP, in one place. Every error body is a ``core.models.ErrorResponse``:
 ``{"error": {"code": ..., "message": ..., "field": ...}}``.
 """
 
@@ -23,6 +23,7 @@ from gpufleet.core.errors import (
     Unauthorized,
     Unavailable,
 )
+from gpufleet.core.models import ErrorDetail, ErrorResponse
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,18 @@ _STATUS: list[tuple[type[GpufleetError], int]] = [
 ]
 
 
+# What the OpenAPI document says every /api/v1 route may answer besides its success
+# (the handlers below write them all; none is FastAPI's default validation error shape).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorResponse, "description": "Refused: what was wrong, and the field"},
+    "5XX": {"model": ErrorResponse, "description": "The server or a driver failed"},
+}
+
+
 def error_body(code: str, message: str, field: str | None = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "field": field}}
+    """``ErrorResponse`` as JSON, for a ``JSONResponse``."""
+    body = ErrorResponse(error=ErrorDetail(code=code, message=message, field=field))
+    return body.model_dump(mode="json")
 
 
 def status_for(exc: GpufleetError) -> int:

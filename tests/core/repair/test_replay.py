@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 
 import pytest
+from pydantic import TypeAdapter
 
 from gpufleet.core.enums import NodeState, RepairAction, RepairStatus
 from gpufleet.core.errors import InvalidInput
@@ -143,11 +144,15 @@ def test_replay_reports_proposals_escalations_resolves_and_incidents() -> None:
     assert not any(e.auto_approved for e in report.entries)
 
 
-def test_report_is_json() -> None:
-    data = run().to_json()
-    text = json.dumps(data)
-    assert json.loads(text)["entries"][0] == {
-        "at": (T0 + HOUR).isoformat(),
+def test_report_is_json_and_reads_back() -> None:
+    # As the API sends it (pydantic writes the dataclass) and the client reads it.
+    adapter = TypeAdapter(ReplayReport)
+    report = run()
+    text = adapter.dump_json(report)
+    data = json.loads(text)
+    assert adapter.validate_json(text) == report
+    assert data["entries"][0] == {
+        "at": (T0 + HOUR).isoformat().replace("+00:00", "Z"),
         "subject": "node-01",
         "kind": "propose",
         "action": "reboot",

@@ -21,7 +21,7 @@ import datetime as dt
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpufleet.core.enums import NodeState, RepairAction, RepairStatus
 from gpufleet.core.errors import InvalidInput
@@ -70,29 +70,15 @@ class ReplayEntry:
     reason: str
     rule: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "at": self.at.isoformat(),
-            "subject": self.subject,
-            "kind": self.kind,
-            "action": None if self.action is None else self.action.value,
-            "signature_id": self.signature_id,
-            "auto_approved": self.auto_approved,
-            "reason": self.reason,
-            "rule": self.rule,
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
     """``summary``: entries by kind (every kind, zeros included), ``action:<action>`` for
-    the actions proposed or escalated to, and ``auto_approved``."""
+    the actions proposed or escalated to, and ``auto_approved``. The API sends it as is
+    (pydantic writes the dataclass), and the client reads it back into this class."""
 
     entries: list[ReplayEntry]
     summary: dict[str, int]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"entries": [e.to_json() for e in self.entries], "summary": dict(self.summary)}
 
 
 def replay(

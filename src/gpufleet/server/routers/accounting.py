@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
 import gpufleet.server.services.accounting as accounting_services
+from gpufleet.core.models import GpuHours, UsageGroup
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
-from gpufleet.server.services.accounting import UsageGroup
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/usage", tags=["usage"])
 
 
-@router.get("/gpu-hours")
+# None only stands for "not grouped by this": left out, a row has the keys asked for.
+@router.get("/gpu-hours", response_model_exclude_none=True)
 async def gpu_hours(
     caller: Annotated[Caller, Allow(Permission.USAGE_READ)],
     ctx: CtxDep,
@@ -25,7 +26,7 @@ async def gpu_hours(
     until: dt.datetime | None = Query(default=None, description="Default: now."),
     project: str | None = Query(default=None, max_length=63),
     cluster: str | None = Query(default=None, max_length=36),
-) -> dict[str, Any]:
+) -> GpuHours:
     """GPU-hours of finished jobs, grouped by project, cluster, user, account and/or day
     (a job counts on the day it ended, UTC)."""
     now = ctx.clock.now()

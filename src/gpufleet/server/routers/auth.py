@@ -17,12 +17,12 @@ from fastapi.responses import RedirectResponse
 import gpufleet.server.services.logins as login_services
 import gpufleet.server.services.sessions as session_services
 from gpufleet.core.errors import InvalidInput, NotFound, Unauthorized
-from gpufleet.core.models import CreatedToken, Membership, User
+from gpufleet.core.models import AuthConfig, CreatedToken, Membership, User
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.tables import UserRow
 from gpufleet.server.deps import CtxDep, SignedIn, client_ip
 from gpufleet.server.limits import RateLimiter
-from gpufleet.server.schemas.auth import AuthConfig, AuthMe, CreateDeviceTokenRequest
+from gpufleet.server.schemas.auth import AuthMe, CreateDeviceTokenRequest
 from gpufleet.server.services.oidc import OidcConfig, OidcRelyingParty
 
 router = APIRouter(prefix="/auth", tags=["auth"])

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
 import gpufleet.server.services.clusters as clusters_services
 from gpufleet.core.enums import ClusterStatus
-from gpufleet.core.models import Cluster, Page
+from gpufleet.core.models import Cluster, ClusterStatusReport, Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateClusterRequest
@@ -64,7 +64,7 @@ async def get_cluster(
 @router.get("/{cluster_id}/status")
 async def get_cluster_status(
     cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
-) -> dict[str, Any]:
+) -> ClusterStatusReport:
     async with ctx.db.session() as session:
         cluster = await clusters_services.get_cluster(
             session,
@@ -73,15 +73,16 @@ async def get_cluster_status(
             staleness_s=ctx.settings.staleness_s,
             now=ctx.clock.now(),
         )
-    return {
-        "id": cluster.id,
-        "name": cluster.name,
-        "status": cluster.status.value,
-        "status_detail": cluster.status_detail,
-        "health": cluster.health.value,
-        "size": cluster.size,
-        "nodes": cluster.nodes.model_dump(mode="json") if cluster.nodes else None,
-    }
+    assert cluster.nodes is not None  # get_cluster always counts the nodes
+    return ClusterStatusReport(
+        id=cluster.id,
+        name=cluster.name,
+        status=cluster.status,
+        status_detail=cluster.status_detail,
+        health=cluster.health,
+        size=cluster.size,
+        nodes=cluster.nodes,
+    )
 
 
 @router.patch("/{cluster_id}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
@@ -10,9 +10,10 @@ import gpufleet.server.services.repair_actions as actions
 import gpufleet.server.services.repair_policy as policies
 import gpufleet.server.services.repairs as repairs_services
 from gpufleet.core.enums import RepairStatus
-from gpufleet.core.models import Breaker, Page, Repair
+from gpufleet.core.models import Breaker, NodeActionResult, Page, Repair
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import PolicyConfig, RepairKind
+from gpufleet.core.repair.replay import ReplayReport
 from gpufleet.server.context import AppContext
 from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.repairs import (
@@ -114,7 +115,7 @@ async def node_action(
     body: NodeActionRequest,
     caller: Annotated[Caller, Allow(Permission.NODE_ACTION)],
     ctx: CtxDep,
-) -> dict[str, Any]:
+) -> NodeActionResult:
     """cordon, uncordon, drain; or reboot, reprovision, replace, remove, reset_gpu, which
     run as an approved repair (the response names it)."""
     return await actions.node_action(
@@ -149,7 +150,7 @@ async def reset_breaker(
 @router.get("/projects/{project_ref}/repair-policy")
 async def get_repair_policy(
     project_ref: str, caller: Annotated[Caller, Allow(Permission.REPAIR_READ)], ctx: CtxDep
-) -> dict[str, Any]:
+) -> PolicyConfig:
     async with ctx.db.session() as session:
         return await policies.get_policy(
             session, caller=caller, project_id=project_ref, default=_default(ctx)
@@ -162,7 +163,8 @@ async def set_repair_policy(
     body: RepairPolicyRequest,
     caller: Annotated[Caller, Allow(Permission.POLICY_MANAGE)],
     ctx: CtxDep,
-) -> dict[str, Any]:
+) -> PolicyConfig:
+    """Replace the policy; fields left out take their defaults. Returns it as stored."""
     async with ctx.db.transaction() as session:
         return await policies.set_policy(
             session, caller=caller, project_id=project_ref, request=body, now=ctx.clock.now()
@@ -175,12 +177,11 @@ async def replay_repair_policy(
     body: ReplayRequest,
     caller: Annotated[Caller, Allow(Permission.REPAIR_READ)],
     ctx: CtxDep,
-) -> dict[str, Any]:
+) -> ReplayReport:
     """Dry run: what a policy would have done over the stored findings of the last days.
     Changes nothing."""
     async with ctx.db.session() as session:
-        report = await policies.replay_policy(
+        return await policies.replay_policy(
             session, caller=caller, project_id=project_ref, request=body,
             default=_default(ctx), now=ctx.clock.now(),
         )  # fmt: skip
-    return report.to_json()

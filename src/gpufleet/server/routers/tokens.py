@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 from sqlalchemy import select
 
 import gpufleet.server.services.tokens as tokens_services
-from gpufleet.core.models import ApiToken, CreatedToken, Membership, User
+from gpufleet.core.models import ApiToken, CallerToken, CreatedToken, Me, Membership, User
 from gpufleet.core.rbac import Permission
 from gpufleet.server.db.tables import UserRow
 from gpufleet.server.deps import Allow, CtxDep, SignedIn
@@ -77,19 +77,17 @@ async def revoke_token(
 
 
 @router.get("/me")
-async def me(caller: SignedIn, ctx: CtxDep) -> dict[str, Any]:
+async def me(caller: SignedIn, ctx: CtxDep) -> Me:
     async with ctx.db.session() as session:
         user = await session.scalar(select(UserRow).where(UserRow.id == caller.user_id))
     assert user is not None
-    return {
-        "user": User.model_validate(user).model_dump(mode="json"),
-        "memberships": [
-            Membership(project_id=p, user_id=caller.user_id, role=r).model_dump(mode="json")
+    return Me(
+        user=User.model_validate(user),
+        memberships=[
+            Membership(project_id=p, user_id=caller.user_id, role=r)
             for p, r in caller.memberships.items()
         ],
-        "token": {
-            "id": caller.token_id,
-            "project_id": caller.token_project_id,
-            "role": caller.token_role.value if caller.token_role else None,
-        },
-    }
+        token=CallerToken(
+            id=caller.token_id, project_id=caller.token_project_id, role=caller.token_role
+        ),
+    )

@@ -19,21 +19,9 @@ class CreateDeviceTokenRequest(Request):
     role: Role | None = None
 
 
-class AuthConfig(BaseModel):
-    """``GET /auth/config``: how to log in to this server (no secrets)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    oidc: bool
-    issuer: str | None = None
-    cli_client_id: str | None = None
-    scopes: str | None = None
-    device_authorization_endpoint: str | None = None
-    token_endpoint: str | None = None
-
-
 class AuthMe(BaseModel):
-    """``GET /auth/me``: the caller, how they authenticated, and the CSRF token."""
+    """``GET /auth/me``: the caller, how they authenticated, and the CSRF token (the
+    console's view; the CLI and SDK use ``core.models.Me``)."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated
 
 from pydantic import Field, field_validator
 
 from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
 from gpufleet.core.enums import RepairAction
+from gpufleet.core.models import NodeAction
 from gpufleet.core.repair.models import NODE_ACTIONS, DrainTimeoutAction
 from gpufleet.core.signatures.catalog import get_signature
 from gpufleet.server.schemas.common import Request
@@ -31,31 +31,18 @@ class ForceRepairRequest(Request):
     reason: Reason
 
 
-class NodeActionKind(StrEnum):
-    CORDON = "cordon"
-    UNCORDON = "uncordon"
-    DRAIN = "drain"
-    REBOOT = "reboot"
-    REPROVISION = "reprovision"
-    REPLACE = "replace"  # failover to a new host
-    REMOVE = "remove"
-    RESET_GPU = "reset_gpu"
-    # Run the startup scripts again on a node a failed script holds in provisioning.
-    RETRY_STARTUP = "retry_startup"
-
-
 # The node actions that run as a repair (cordon → drain → act → verify).
-REPAIR_NODE_ACTIONS: dict[NodeActionKind, RepairAction] = {
-    NodeActionKind.REBOOT: RepairAction.REBOOT,
-    NodeActionKind.REPROVISION: RepairAction.REPROVISION,
-    NodeActionKind.REPLACE: RepairAction.FAILOVER,
-    NodeActionKind.REMOVE: RepairAction.REMOVE,
-    NodeActionKind.RESET_GPU: RepairAction.RESET_GPU,
+REPAIR_NODE_ACTIONS: dict[NodeAction, RepairAction] = {
+    NodeAction.REBOOT: RepairAction.REBOOT,
+    NodeAction.REPROVISION: RepairAction.REPROVISION,
+    NodeAction.REPLACE: RepairAction.FAILOVER,
+    NodeAction.REMOVE: RepairAction.REMOVE,
+    NodeAction.RESET_GPU: RepairAction.RESET_GPU,
 }
 
 
 class NodeActionRequest(Request):
-    action: NodeActionKind
+    action: NodeAction
     reason: Reason
     force: Annotated[bool, Field(strict=True)] = False
     gpu_index: Annotated[int, Field(ge=0, lt=MAX_GPUS_PER_NODE, strict=True)] | None = None

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import defaultdict
-from enum import StrEnum
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.errors import InvalidInput
+from gpufleet.core.models import GpuHours, GpuHoursRow, UsageGroup
 from gpufleet.core.rbac import Permission
 from gpufleet.server.db.tables import ClusterRow, JobRow, ProjectRow
 from gpufleet.server.services.auth import Caller
@@ -19,14 +18,6 @@ from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.projects import get_project_row_or_error
 
 MAX_SPAN = dt.timedelta(days=366)
-
-
-class UsageGroup(StrEnum):
-    PROJECT = "project"  # the gpufleet project the cluster belongs to
-    CLUSTER = "cluster"
-    USER = "user"
-    ACCOUNT = "account"  # the scheduler's account (Slurm -A)
-    DAY = "day"
 
 
 async def gpu_hours(
@@ -38,9 +29,8 @@ async def gpu_hours(
     until: dt.datetime,
     project_ref: str | None = None,
     cluster_id: str | None = None,
-) -> dict[str, Any]:
-    """``{"rows": [{<group keys>, "gpu_hours", "jobs"}], "total_gpu_hours", "jobs"}``,
-    rows sorted by their keys."""
+) -> GpuHours:
+    """GPU-hours and jobs per group, rows sorted by their keys, and the totals."""
     if until <= since:
         raise InvalidInput("until must be after since", field="until")
     if until - since > MAX_SPAN:
@@ -88,15 +78,17 @@ async def gpu_hours(
         total += hours
         jobs += 1
     rows = [
-        {**{g.value: k for g, k in zip(groups, key, strict=True)},
-         "gpu_hours": round(s[0], 4), "jobs": int(s[1])}
+        GpuHoursRow.model_validate(
+            {**{g.value: k for g, k in zip(groups, key, strict=True)},
+             "gpu_hours": round(s[0], 4), "jobs": int(s[1])}
+        )
         for key, s in sorted(sums.items())
     ]  # fmt: skip
-    return {
-        "group_by": [g.value for g in groups],
-        "since": since.isoformat(),
-        "until": until.isoformat(),
-        "rows": rows,
-        "total_gpu_hours": round(total, 4),
-        "jobs": jobs,
-    }
+    return GpuHours(
+        group_by=groups,
+        since=since,
+        until=until,
+        rows=rows,
+        total_gpu_hours=round(total, 4),
+        jobs=jobs,
+    )

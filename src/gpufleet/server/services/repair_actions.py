@@ -8,14 +8,13 @@ recommended repair; the executor carries it out.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 from sqlalchemy import select
 
 from gpufleet.core.enums import EventKind, NodeState, RepairStatus
 from gpufleet.core.errors import Conflict, DriverError
 from gpufleet.core.ids import new_id
-from gpufleet.core.models import Breaker, Node, Repair
+from gpufleet.core.models import Breaker, Node, NodeAction, NodeActionResult, Repair
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import (
     ACTIVE_STATUSES,
@@ -32,7 +31,6 @@ from gpufleet.server.schemas.repairs import (
     ApproveRepairRequest,
     DismissRepairRequest,
     ForceRepairRequest,
-    NodeActionKind,
     NodeActionRequest,
     ResetBreakerRequest,
 )
@@ -178,23 +176,23 @@ async def node_action(
     default_policy: PolicyConfig,
     staleness_s: float,
     now: dt.datetime,
-) -> dict[str, Any]:
-    """Run one admin action on a node. Returns ``{"node": ..., "repair": ... | None}``."""
+) -> NodeActionResult:
+    """Run one admin action on a node: the node after it, and the repair it started."""
     async with db.session() as session:
         node, cluster = await get_node_row_or_error(session, caller=caller, node_id=node_id)
     require(caller, Permission.NODE_ACTION, cluster.project_id)
-    if request.action is NodeActionKind.RETRY_STARTUP:
+    if request.action is NodeAction.RETRY_STARTUP:
         await retry_startup(db, caller=caller, node_id=node.id, reason=request.reason, now=now)
-        return {"node": await _node(db, node.id, staleness_s, now), "repair": None}
+        return NodeActionResult(node=await _node(db, node.id, staleness_s, now), repair=None)
     if request.action in REPAIR_NODE_ACTIONS:
         repair = await _manual_repair(
             db, caller=caller, node=node, cluster=cluster, request=request,
             drivers=drivers, default_policy=default_policy, now=now,
         )  # fmt: skip
-        return {"node": await _node(db, node.id, staleness_s, now), "repair": repair}
+        return NodeActionResult(node=await _node(db, node.id, staleness_s, now), repair=repair)
     await _hold_action(db, caller=caller, node=node, cluster=cluster, request=request,
                        drivers=drivers, now=now)  # fmt: skip
-    return {"node": await _node(db, node.id, staleness_s, now), "repair": None}
+    return NodeActionResult(node=await _node(db, node.id, staleness_s, now), repair=None)
 
 
 async def _node(db: Database, node_id: str, staleness_s: float, now: dt.datetime) -> Node:
@@ -328,11 +326,11 @@ async def _hold_action(
         )
     state = NodeState(node.state)
     kind = request.action
-    if kind is NodeActionKind.UNCORDON:
+    if kind is NodeAction.UNCORDON:
         targets = [NodeState.IN_SERVICE]
         if state is NodeState.IN_SERVICE:
             targets = []
-    elif kind is NodeActionKind.CORDON:
+    elif kind is NodeAction.CORDON:
         targets = [] if state is NodeState.CORDONED else [NodeState.CORDONED]
     else:  # drain
         targets = [] if state in (NodeState.DRAINING, NodeState.DRAINED) else [NodeState.DRAINING]
@@ -345,7 +343,7 @@ async def _hold_action(
     if not isinstance(scheduler, SupportsDrain):
         raise Conflict(f"scheduler {scheduler.kind} cannot {kind.value} nodes")
     try:
-        if kind is NodeActionKind.UNCORDON:
+        if kind is NodeAction.UNCORDON:
             await scheduler.resume(name)
         else:
             await scheduler.drain(
@@ -353,7 +351,7 @@ async def _hold_action(
                 f"{request.reason}"[:200],
             )  # fmt: skip
     except DriverError as exc:
-        if kind is NodeActionKind.UNCORDON:
+        if kind is NodeAction.UNCORDON:
             raise Conflict(exc.message, field="node_id") from None
         raise
     async with db.transaction() as session:

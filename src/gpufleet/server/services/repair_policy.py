@@ -80,9 +80,9 @@ async def _project_or_error(session: AsyncSession, *, caller: Caller, project_id
 
 async def get_policy(
     session: AsyncSession, *, caller: Caller, project_id: str, default: PolicyConfig
-) -> dict[str, Any]:
+) -> PolicyConfig:
     project_id = await _project_or_error(session, caller=caller, project_id=project_id)
-    return policy_to_json(await load_policy(session, project_id=project_id, default=default))
+    return await load_policy(session, project_id=project_id, default=default)
 
 
 async def set_policy(
@@ -92,10 +92,11 @@ async def set_policy(
     project_id: str,
     request: RepairPolicyRequest,
     now: dt.datetime,
-) -> dict[str, Any]:
+) -> PolicyConfig:
     project_id = await _project_or_error(session, caller=caller, project_id=project_id)
     require(caller, Permission.POLICY_MANAGE, project_id)
-    config = policy_to_json(policy_from_request(request))
+    policy = policy_from_request(request)
+    config = policy_to_json(policy)
     row = await session.get(RepairPolicyRow, project_id)
     old = None if row is None else row.config
     if row is None:
@@ -116,7 +117,7 @@ async def set_policy(
         source_ip=caller.source_ip,
         detail={"old": old, "new": config},
     )
-    return config
+    return policy
 
 
 def host_of(node: NodeRow) -> str:

@@ -18,12 +18,12 @@ import gpufleet.server.services.repair_actions as actions
 import gpufleet.server.services.repairs as repairs_services
 from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.errors import DriverError, InvalidInput, NotFound
-from gpufleet.core.models import Node
+from gpufleet.core.models import Node, NodeAction
 from gpufleet.core.rbac import Permission
 from gpufleet.server.db.tables import ClusterRow, NodeRow
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import describe_validation_errors
-from gpufleet.server.schemas.repairs import REPAIR_NODE_ACTIONS, NodeActionKind, NodeActionRequest
+from gpufleet.server.schemas.repairs import REPAIR_NODE_ACTIONS, NodeActionRequest
 from gpufleet.server.services.auth import require
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.services.telemetry_history import HISTORY_WINDOWS, load_node_history
@@ -40,44 +40,44 @@ NODES_PAGE = 100
 
 @dataclass(frozen=True)
 class ActionInfo:
-    kind: NodeActionKind
+    kind: NodeAction
     label: str
     explain: str  # what happens, in the confirmation dialog
     danger: bool
 
 
-ACTIONS: dict[NodeActionKind, ActionInfo] = {
+ACTIONS: dict[NodeAction, ActionInfo] = {
     a.kind: a
     for a in (
-        ActionInfo(NodeActionKind.CORDON, "Cordon",
+        ActionInfo(NodeAction.CORDON, "Cordon",
                    "No new jobs start on {node}; running jobs go on.", False),
-        ActionInfo(NodeActionKind.UNCORDON, "Uncordon",
+        ActionInfo(NodeAction.UNCORDON, "Uncordon",
                    "{node} takes jobs again.", False),
-        ActionInfo(NodeActionKind.DRAIN, "Drain",
+        ActionInfo(NodeAction.DRAIN, "Drain",
                    "{node} is cordoned and its running jobs are left to finish. No job is "
                    "killed.", False),
-        ActionInfo(NodeActionKind.REBOOT, "Reboot",
+        ActionInfo(NodeAction.REBOOT, "Reboot",
                    "Runs as a repair: cordon, drain (jobs finish, or the policy's drain "
                    "timeout), reboot, verify, back in service.", True),
-        ActionInfo(NodeActionKind.REPROVISION, "Reprovision",
+        ActionInfo(NodeAction.REPROVISION, "Reprovision",
                    "Runs as a repair: cordon, drain, wipe and reinstall {node} (startup "
                    "scripts run again), verify, back in service.", True),
-        ActionInfo(NodeActionKind.REPLACE, "Replace",
+        ActionInfo(NodeAction.REPLACE, "Replace",
                    "Runs as a repair: cordon, drain, then a new host takes {node}'s place "
                    "(failover) and the old host is released.", True),
-        ActionInfo(NodeActionKind.REMOVE, "Remove",
+        ActionInfo(NodeAction.REMOVE, "Remove",
                    "Runs as a repair: cordon, drain, then {node} leaves the cluster and is "
                    "flagged for hardware service. The cluster has one node fewer.", True),
-        ActionInfo(NodeActionKind.RESET_GPU, "Reset GPU",
+        ActionInfo(NodeAction.RESET_GPU, "Reset GPU",
                    "Runs as a repair: cordon, drain, reset GPU {gpu} of {node}, verify, back "
                    "in service.", True),
     )
 }  # fmt: skip
 
 _HOLD_FROM = {
-    NodeActionKind.CORDON: {NodeState.IN_SERVICE},
-    NodeActionKind.UNCORDON: {NodeState.CORDONED, NodeState.DRAINING, NodeState.DRAINED},
-    NodeActionKind.DRAIN: {NodeState.IN_SERVICE, NodeState.CORDONED},
+    NodeAction.CORDON: {NodeState.IN_SERVICE},
+    NodeAction.UNCORDON: {NodeState.CORDONED, NodeState.DRAINING, NodeState.DRAINED},
+    NodeAction.DRAIN: {NodeState.IN_SERVICE, NodeState.CORDONED},
 }
 _REPAIRABLE = {
     NodeState.IN_SERVICE,
@@ -92,7 +92,7 @@ def offered_actions(state: NodeState, *, repairing: bool) -> list[ActionInfo]:
     """The actions that make sense now (the service refuses the others anyway)."""
     out = [ACTIONS[k] for k, states in _HOLD_FROM.items() if state in states and not repairing]
     if state in _REPAIRABLE and not repairing:
-        out += [ACTIONS[k] for k in REPAIR_NODE_ACTIONS if k is not NodeActionKind.RESET_GPU]
+        out += [ACTIONS[k] for k in REPAIR_NODE_ACTIONS if k is not NodeAction.RESET_GPU]
     return out
 
 
@@ -235,7 +235,7 @@ async def node_page(
             events=events.items,
             jobs=jobs,
             actions=offered_actions(node.state, repairing=repairing) if page.can["act"] else [],
-            reset_gpu=ACTIONS[NodeActionKind.RESET_GPU],
+            reset_gpu=ACTIONS[NodeAction.RESET_GPU],
             repairing=repairing,
             charts=node_charts(history, now=now, window=HISTORY_WINDOWS[window]),
             window=window,
@@ -260,7 +260,7 @@ def _by_gpu(findings: list[Any]) -> dict[int, list[Any]]:
 
 def _action_or_404(action: str) -> ActionInfo:
     try:
-        return ACTIONS[NodeActionKind(action)]
+        return ACTIONS[NodeAction(action)]
     except ValueError:
         raise NotFound(f"no node action {action!r}", field="action") from None
 
@@ -310,7 +310,7 @@ async def node_action(
     gpu = first(form, "gpu_index")
     try:
         body = NodeActionRequest(
-            action=NodeActionKind(first(form, "action")),
+            action=NodeAction(first(form, "action")),
             reason=first(form, "reason").strip(),
             gpu_index=int(gpu) if gpu.strip() else None,
         )
@@ -326,9 +326,9 @@ async def node_action(
         default_policy=ctx.default_repair_policy, staleness_s=ctx.settings.staleness_s,
         now=ctx.clock.now(),
     )  # fmt: skip
-    repair = result.get("repair")
+    repair = result.repair
     info = ACTIONS[body.action]
-    text = f"{info.label}: {node.name} is now {result['node'].state.value.replace('_', ' ')}."
+    text = f"{info.label}: {node.name} is now {result.node.state.value.replace('_', ' ')}."
     if repair is not None:
         text = (
             f"{info.label} of {node.name} runs as repair {repair.id} ({repair.status.value}); "
