@@ -197,6 +197,7 @@ async def request_acceptance_run(
             "reason": request.reason,
             "force": request.force,
         },
+        ts=now,
     )
     await session.flush()
     return run_row_to_model(row, names={n.id: n.name for n in chosen}, with_nodes=True)
