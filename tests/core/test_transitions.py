@@ -6,19 +6,23 @@ from enum import StrEnum
 
 import pytest
 
+from gpufleet.core.agent_protocol import CommandStatus
 from gpufleet.core.enums import ClusterStatus, NodeState, RepairStatus
 from gpufleet.core.errors import Conflict, InvalidTransition
 from gpufleet.core.transitions import (
     CLUSTER_TRANSITIONS,
+    COMMAND_TRANSITIONS,
+    FINAL_COMMAND_STATUSES,
+    LIFECYCLES,
     NODE_TRANSITIONS,
     REPAIR_TRANSITIONS,
     check_transition,
 )
 
+# Every lifecycle's table (cluster, node, repair, check run, node command, acceptance run
+# status and stage, startup run).
 TABLES: list[tuple[str, dict[StrEnum, frozenset[StrEnum]], type[StrEnum]]] = [
-    ("cluster", dict(CLUSTER_TRANSITIONS), ClusterStatus),
-    ("node", dict(NODE_TRANSITIONS), NodeState),
-    ("repair", dict(REPAIR_TRANSITIONS), RepairStatus),
+    (name, dict(lifecycle.table), lifecycle.states) for name, lifecycle in LIFECYCLES.items()
 ]
 
 
@@ -58,6 +62,12 @@ def test_terminal_states_have_no_way_out() -> None:
         RepairStatus.FAILED,
     ):
         assert REPAIR_TRANSITIONS[status] == frozenset()
+
+
+def test_final_command_statuses_are_the_table_s_dead_ends() -> None:
+    assert {s for s, nxt in COMMAND_TRANSITIONS.items() if not nxt} == FINAL_COMMAND_STATUSES
+    assert CommandStatus.SENT not in FINAL_COMMAND_STATUSES
+    assert CommandStatus.TIMED_OUT in FINAL_COMMAND_STATUSES
 
 
 def test_deletion_and_removal_are_one_way() -> None:

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from gpufleet.core.acceptance import DEFAULT_SUITE, canonical_json, content_hash
+from gpufleet.core.enums import AcceptanceStage
 from gpufleet.server.db.tables import (
     AcceptanceRunRow,
     CheckRunRow,
@@ -26,6 +27,7 @@ from gpufleet.server.services.acceptance_report import (
 )
 
 T0 = dt.datetime(2026, 12, 3, 8, 0, tzinfo=dt.UTC)
+NODE = AcceptanceStage.NODE
 EVIL = '<script>alert("x")</script> & <img src=http://evil.example/x.png>'
 
 
@@ -131,8 +133,8 @@ def _report() -> tuple[dict[str, Any], list[tuple[CheckEntry, CheckRunRow | None
         params={"scope": "per-node"},
     )
     checks: list[tuple[CheckEntry, CheckRunRow | None]] = [
-        (CheckEntry("k-dcgm", "dcgm-diag", "dcgm-diag (level 3)", "node", ("n-1", "n-2")), dcgm),
-        (CheckEntry("k-nccl", "nccl", "nccl", "node", ("n-1", "n-2")), nccl),
+        (CheckEntry("k-dcgm", "dcgm-diag", "dcgm-diag (level 3)", NODE, ("n-1", "n-2")), dcgm),
+        (CheckEntry("k-nccl", "nccl", "nccl", NODE, ("n-1", "n-2")), nccl),
     ]
     run = AcceptanceRunRow(
         id="a-1",

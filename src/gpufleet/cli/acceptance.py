@@ -37,6 +37,7 @@ from gpufleet.core.acceptance import (
     AcceptanceTrigger,
     canonical_json,
 )
+from gpufleet.core.enums import AcceptanceStage
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Page
 
@@ -91,7 +92,7 @@ def _render_one(r: AcceptanceRun) -> None:
     rows: list[tuple[str, Text | str]] = [
         ("id", r.id),
         ("status", styled(r.status.value, STATUS_STYLES)),
-        ("stage", r.stage),
+        ("stage", r.stage.value),
         ("detail", r.detail or "-"),
         ("trigger", r.trigger.value),
         ("scope", r.scope.value),
@@ -184,7 +185,9 @@ def run_suite(
 
 def _wait(client: ApiClient, run: AcceptanceRun, *, timeout_s: float) -> AcceptanceRun:
     deadline = time.monotonic() + timeout_s
-    while run.status in OPEN_STATUSES or (run.stage not in ("done", "gating")):
+    while run.status in OPEN_STATUSES or (
+        run.stage not in (AcceptanceStage.DONE, AcceptanceStage.GATING)
+    ):
         if time.monotonic() > deadline:
             raise CliError(
                 f"acceptance run {run.id} still {run.status.value} after {timeout_s:.0f} s "

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpufleet.core.enums import AcceptanceStage
+
 # The active checks a suite may name, as ``gpufleet checks`` spells them.
 CheckName = Literal["dcgm-diag", "nccl", "ib-write-bw", "gpu-burn"]
 ParamValue: TypeAlias = int | float | str | bool | list[str]
@@ -144,7 +146,7 @@ class AcceptanceRun(BaseModel):
     scope: AcceptanceScope
     trigger: AcceptanceTrigger
     status: AcceptanceStatus
-    stage: str  # startup | node | cluster | done
+    stage: AcceptanceStage
     node_ids: list[str]
     check_run_ids: list[str]
     repair_id: str | None

@@ -202,7 +202,7 @@ class CommandKind(StrEnum):
 class CommandStatus(StrEnum):
     """pending → sent (an agent took it) → succeeded | failed | timed_out; any of
     pending/sent → expired (not taken by ``expires_at``, or taken and not answered by
-    ``deadline_at``) or cancelled."""
+    ``deadline_at``) or cancelled. The table is ``core.transitions.COMMAND_TRANSITIONS``."""
 
     PENDING = "pending"
     SENT = "sent"
@@ -212,27 +212,6 @@ class CommandStatus(StrEnum):
     EXPIRED = "expired"
     CANCELLED = "cancelled"
 
-
-COMMAND_TRANSITIONS: dict[CommandStatus, frozenset[CommandStatus]] = {
-    CommandStatus.PENDING: frozenset(
-        {CommandStatus.SENT, CommandStatus.EXPIRED, CommandStatus.CANCELLED}
-    ),
-    CommandStatus.SENT: frozenset(
-        {
-            CommandStatus.SUCCEEDED,
-            CommandStatus.FAILED,
-            CommandStatus.TIMED_OUT,
-            CommandStatus.EXPIRED,
-            CommandStatus.CANCELLED,
-        }
-    ),
-    CommandStatus.SUCCEEDED: frozenset(),
-    CommandStatus.FAILED: frozenset(),
-    CommandStatus.TIMED_OUT: frozenset(),
-    CommandStatus.EXPIRED: frozenset(),
-    CommandStatus.CANCELLED: frozenset(),
-}
-FINAL_COMMAND_STATUSES = frozenset(s for s, nxt in COMMAND_TRANSITIONS.items() if not nxt)
 
 # The error text of a command whose agent died (or was restarted) while it ran.
 AGENT_RESTARTED = "agent restarted while it ran"

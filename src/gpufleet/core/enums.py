@@ -132,6 +132,24 @@ class CheckStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class AcceptanceStage(StrEnum):
+    """Where an acceptance run is in its suite; stages only move forward."""
+
+    NODE = "node"  # node-level check runs, a batch per group of nodes
+    CLUSTER = "cluster"  # the cluster-wide check runs over the nodes that passed
+    GATING = "gating"  # report written; the nodes and the cluster still to move
+    DONE = "done"
+
+
+class StartupStatus(StrEnum):
+    """A node start's startup scripts (``node_startup`` row)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # superseded by a newer start of the node, or the node went
+
+
 class EventKind(StrEnum):
     CLUSTER_CREATED = "cluster.created"
     CLUSTER_STATUS = "cluster.status"
@@ -161,10 +179,13 @@ class EventKind(StrEnum):
     NODE_GPU_STATE = "node.gpu_state"  # from the agent: scheduler's GPU view vs the hardware
     NODE_ACCESS = "node.access"  # from the agent: sudoers / Slurm AdminLevels applied or refused
     NODE_STARTUP_SCRIPT = "node.startup_script"  # a startup script ran: exit code, output tail
+    STARTUP_STATUS = "startup.status"  # a node start's scripts all ran, one failed, or cancelled
     CLUSTER_UPDATED = "cluster.updated"  # an admin changed the spec (suite, scripts, bounds)
     ACCEPTANCE_OPT_OUT = "cluster.acceptance_opt_out"  # acceptance tests turned off (or on)
     ACCEPTANCE_STARTED = "acceptance.started"
     ACCEPTANCE_FINISHED = "acceptance.finished"  # passed, or failed naming the nodes
+    ACCEPTANCE_STATUS = "acceptance.status"  # a run started (its checks were queued)
+    ACCEPTANCE_STAGE = "acceptance.stage"  # a run moved on: node → cluster → gating → done
     CHECK_REQUESTED = "check.requested"  # an active check run was asked for
     CHECK_STATUS = "check.status"  # a check run started, was skipped on a node, or ended
     NODE_COMMAND = "node.command"  # a command for the node's agent: queued, sent, ended

@@ -1,12 +1,25 @@
-"""Allowed state changes, as data. One function per entity applies them (in services)."""
+"""Allowed state changes, as data: one table per lifecycle, one ``Lifecycle`` naming its
+column, its event and its audit action. ``server/services/transitions.py`` applies them:
+the one function that changes a status writes the event and the audit row."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
-from gpufleet.core.enums import CheckStatus, ClusterStatus, NodeState, RepairStatus
+from gpufleet.core.acceptance import AcceptanceStatus
+from gpufleet.core.agent_protocol import CommandStatus
+from gpufleet.core.enums import (
+    AcceptanceStage,
+    CheckStatus,
+    ClusterStatus,
+    EventKind,
+    NodeState,
+    RepairStatus,
+    StartupStatus,
+)
 from gpufleet.core.errors import InvalidTransition
 
 C = ClusterStatus
@@ -59,6 +72,108 @@ CHECK_TRANSITIONS: Mapping[CheckStatus, frozenset[CheckStatus]] = {
     K.FAILED: frozenset(),
     K.ERROR: frozenset(),
     K.CANCELLED: frozenset(),
+}
+
+# pending → sent (an agent took it) → succeeded | failed | timed_out; any of pending/sent
+# → expired (not taken by ``expires_at``, or taken and not answered by ``deadline_at``)
+# or cancelled.
+M = CommandStatus
+COMMAND_TRANSITIONS: Mapping[CommandStatus, frozenset[CommandStatus]] = {
+    M.PENDING: frozenset({M.SENT, M.EXPIRED, M.CANCELLED}),
+    M.SENT: frozenset({M.SUCCEEDED, M.FAILED, M.TIMED_OUT, M.EXPIRED, M.CANCELLED}),
+    M.SUCCEEDED: frozenset(),
+    M.FAILED: frozenset(),
+    M.TIMED_OUT: frozenset(),
+    M.EXPIRED: frozenset(),
+    M.CANCELLED: frozenset(),
+}
+FINAL_COMMAND_STATUSES = frozenset(s for s, nxt in COMMAND_TRANSITIONS.items() if not nxt)
+
+# A run starts when the acceptance loop queues its first checks; it ends passed or failed
+# by the verdicts, in error (timed out), or cancelled (the cluster went, acceptance tests
+# were turned off) — the last two also before it started.
+A = AcceptanceStatus
+ACCEPTANCE_TRANSITIONS: Mapping[AcceptanceStatus, frozenset[AcceptanceStatus]] = {
+    A.PENDING: frozenset({A.RUNNING, A.ERROR, A.CANCELLED}),
+    A.RUNNING: frozenset({A.PASSED, A.FAILED, A.ERROR, A.CANCELLED}),
+    A.PASSED: frozenset(),
+    A.FAILED: frozenset(),
+    A.ERROR: frozenset(),
+    A.CANCELLED: frozenset(),
+}
+
+# Forward only. A run ends (its report written) from the node or the cluster stage: to
+# ``gating`` when it still has nodes and a cluster to move, else straight to ``done`` (a
+# repair's run, gated by the repair; a cancelled one).
+G = AcceptanceStage
+ACCEPTANCE_STAGE_TRANSITIONS: Mapping[AcceptanceStage, frozenset[AcceptanceStage]] = {
+    G.NODE: frozenset({G.CLUSTER, G.GATING, G.DONE}),
+    G.CLUSTER: frozenset({G.GATING, G.DONE}),
+    G.GATING: frozenset({G.DONE}),
+    G.DONE: frozenset(),
+}
+
+U = StartupStatus
+STARTUP_TRANSITIONS: Mapping[StartupStatus, frozenset[StartupStatus]] = {
+    U.RUNNING: frozenset({U.SUCCEEDED, U.FAILED, U.CANCELLED}),
+    U.SUCCEEDED: frozenset(),
+    U.FAILED: frozenset(),
+    U.CANCELLED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class Lifecycle(Generic[S]):
+    """One lifecycle: its states, its table, and how a change of it is recorded."""
+
+    states: type[S]
+    table: Mapping[S, frozenset[S]]
+    column: str  # the row's attribute that holds the state
+    event_kind: EventKind
+    audit_action: str  # the audit row's action, e.g. "repair.status"
+    object_type: str  # the audit row's object type, e.g. "repair"
+
+
+CLUSTER = Lifecycle(
+    ClusterStatus, CLUSTER_TRANSITIONS, "status", EventKind.CLUSTER_STATUS,
+    "cluster.status", "cluster",
+)  # fmt: skip
+NODE = Lifecycle(NodeState, NODE_TRANSITIONS, "state", EventKind.NODE_STATE, "node.state", "node")
+REPAIR = Lifecycle(
+    RepairStatus, REPAIR_TRANSITIONS, "status", EventKind.REPAIR_STATUS,
+    "repair.status", "repair",
+)  # fmt: skip
+CHECK_RUN = Lifecycle(
+    CheckStatus, CHECK_TRANSITIONS, "status", EventKind.CHECK_STATUS,
+    "check.status", "check_run",
+)  # fmt: skip
+NODE_COMMAND = Lifecycle(
+    CommandStatus, COMMAND_TRANSITIONS, "status", EventKind.NODE_COMMAND,
+    "command.status", "node_command",
+)  # fmt: skip
+ACCEPTANCE_RUN = Lifecycle(
+    AcceptanceStatus, ACCEPTANCE_TRANSITIONS, "status", EventKind.ACCEPTANCE_STATUS,
+    "acceptance.status", "acceptance_run",
+)  # fmt: skip
+ACCEPTANCE_RUN_STAGE = Lifecycle(
+    AcceptanceStage, ACCEPTANCE_STAGE_TRANSITIONS, "stage", EventKind.ACCEPTANCE_STAGE,
+    "acceptance.stage", "acceptance_run",
+)  # fmt: skip
+STARTUP_RUN = Lifecycle(
+    StartupStatus, STARTUP_TRANSITIONS, "status", EventKind.STARTUP_STATUS,
+    "startup.status", "node_startup",
+)  # fmt: skip
+
+# Every lifecycle, by name: the table-driven test walks them all.
+LIFECYCLES: Mapping[str, Lifecycle[Any]] = {
+    "cluster": CLUSTER,
+    "node": NODE,
+    "repair": REPAIR,
+    "check_run": CHECK_RUN,
+    "node_command": NODE_COMMAND,
+    "acceptance_run": ACCEPTANCE_RUN,
+    "acceptance_stage": ACCEPTANCE_RUN_STAGE,
+    "startup_run": STARTUP_RUN,
 }
 
 

@@ -109,4 +109,6 @@ async def delete_cluster(
     cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_DELETE)], ctx: CtxDep
 ) -> Cluster:
     async with ctx.db.transaction() as session:
-        return await clusters_services.delete_cluster(session, caller=caller, cluster_id=cluster_id)
+        return await clusters_services.delete_cluster(
+            session, caller=caller, cluster_id=cluster_id, now=ctx.clock.now()
+        )

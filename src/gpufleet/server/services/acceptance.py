@@ -27,7 +27,7 @@ from gpufleet.core.acceptance import (
     content_hash,
     suite_or_default,
 )
-from gpufleet.core.enums import ClusterStatus, EventKind, NodeState
+from gpufleet.core.enums import AcceptanceStage, ClusterStatus, EventKind, NodeState
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Page
@@ -76,7 +76,7 @@ def create_acceptance_run(
         scope=scope.value,
         trigger=trigger.value,
         status=AcceptanceStatus.PENDING.value,
-        stage="node",
+        stage=AcceptanceStage.NODE.value,
         node_ids=list(dict.fromkeys(node_ids)),
         check_run_ids=[],
         suite=chosen.model_dump(mode="json"),
@@ -197,6 +197,7 @@ async def request_acceptance_run(
             "reason": request.reason,
             "force": request.force,
         },
+        ts=now,
     )
     await session.flush()
     return run_row_to_model(row, names={n.id: n.name for n in chosen}, with_nodes=True)
@@ -240,7 +241,7 @@ def run_row_to_model(
         scope=AcceptanceScope(row.scope),
         trigger=AcceptanceTrigger(row.trigger),
         status=AcceptanceStatus(row.status),
-        stage=row.stage,
+        stage=AcceptanceStage(row.stage),
         node_ids=list(row.node_ids),
         check_run_ids=list(row.check_run_ids),
         repair_id=row.repair_id,
@@ -401,7 +402,7 @@ async def settle_cluster_status(
             select(AcceptanceRunRow.id).where(
                 AcceptanceRunRow.cluster_id == cluster.id,
                 AcceptanceRunRow.trigger != AcceptanceTrigger.REPAIR.value,
-                AcceptanceRunRow.stage != "done",
+                AcceptanceRunRow.stage != AcceptanceStage.DONE.value,
             )
         )
     )

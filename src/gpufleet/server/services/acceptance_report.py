@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 
 from gpufleet.checks.thresholds import Limit, UnknownName, get_thresholds
-from gpufleet.core.enums import CheckStatus
+from gpufleet.core.enums import AcceptanceStage, CheckStatus
 from gpufleet.server.db.tables import AcceptanceRunRow, CheckRunRow, ClusterRow, GpuRow, NodeRow
 
 SCHEMA = "gpufleet.acceptance-report/1"
@@ -42,7 +42,7 @@ class CheckEntry:
     check_run_id: str
     kind: str
     label: str
-    stage: str  # node | cluster
+    stage: AcceptanceStage  # the stage it ran in: node | cluster
     node_ids: tuple[str, ...]
     # Node level: the group of nodes that arrived together, and which of the suite's
     # node-level checks this is (they run one after the other: never two on one GPU).
@@ -54,7 +54,7 @@ class CheckEntry:
             "check_run_id": self.check_run_id,
             "kind": self.kind,
             "label": self.label,
-            "stage": self.stage,
+            "stage": self.stage.value,
             "node_ids": list(self.node_ids),
             "batch": self.batch,
             "step": self.step,
@@ -66,7 +66,7 @@ class CheckEntry:
             check_run_id=str(raw["check_run_id"]),
             kind=str(raw["kind"]),
             label=str(raw.get("label", raw["kind"])),
-            stage=str(raw.get("stage", "node")),
+            stage=AcceptanceStage(str(raw.get("stage", AcceptanceStage.NODE.value))),
             node_ids=tuple(str(n) for n in raw.get("node_ids", [])),
             batch=int(raw.get("batch", 0)),
             step=int(raw.get("step", 0)),
@@ -203,7 +203,7 @@ def build_report(
                     "check_run_id": entry.check_run_id,
                     "label": entry.label,
                     "kind": entry.kind,
-                    "stage": entry.stage,
+                    "stage": entry.stage.value,
                     "outcome": mine["outcome"] if mine else "pending",
                     "reasons": mine["reasons"] if mine else [],
                     "figures": mine["figures"] if mine else {},
@@ -257,7 +257,7 @@ def build_report(
                 "check_run_id": entry.check_run_id,
                 "label": entry.label,
                 "kind": entry.kind,
-                "stage": entry.stage,
+                "stage": entry.stage.value,
                 "status": row.status if row is not None else "missing",
                 "outcome": result.get("outcome"),
                 "params": dict(row.params or {}) if row is not None else {},

@@ -11,6 +11,7 @@ middleware in a transaction of their own: the refused operation itself writes no
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,8 +61,10 @@ def record_audit(
     source_ip: str | None = None,
     result: str = "ok",
     detail: dict[str, Any] | None = None,
+    ts: dt.datetime | None = None,
 ) -> AuditLogRow:
-    """Add an audit row to the session's transaction (written with the change itself).
+    """Add an audit row to the session's transaction (written with the change itself),
+    stamped ``ts`` (the caller's clock) or, when none is given, the wall clock.
 
     ``detail`` must never hold a secret (tokens, codes, cookies): audit rows are shown to
     project admins and kept for good.
@@ -69,7 +72,7 @@ def record_audit(
     info = current_request.get()
     row = AuditLogRow(
         id=new_id(),
-        ts=utcnow(),
+        ts=ts or utcnow(),
         actor=actor,
         action=action,
         object_type=object_type,

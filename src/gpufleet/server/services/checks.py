@@ -23,7 +23,7 @@ from gpufleet.core.errors import Forbidden, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
-from gpufleet.core.transitions import CHECK_TRANSITIONS, check_transition
+from gpufleet.core.transitions import CHECK_RUN
 from gpufleet.server.db.tables import CheckRunRow, ClusterRow, NodeRow
 from gpufleet.server.schemas.checks import (
     CheckRun,
@@ -35,6 +35,7 @@ from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.transitions import Subject, transition
 
 PURPOSES = ("on_demand", "acceptance", "localisation")
 ENDED = frozenset(
@@ -167,6 +168,7 @@ async def create_check_run(
             project_id=cluster.project_id,
             source_ip=source_ip,
             detail={"kind": kind.value, "nodes": names, "params": values, "forced": force},
+            ts=now,
         )
     await session.flush()
     return row
@@ -388,6 +390,7 @@ async def cancel_check_run(
         project_id=cluster.project_id,
         source_ip=caller.source_ip,
         detail={"from": was.value, "changed": was not in ENDED},
+        ts=now,
     )
     return await check_run_to_model(session, locked, with_result=True)
 
@@ -403,15 +406,21 @@ def switch_check_status(
     now: dt.datetime,
     data: dict[str, Any] | None = None,
 ) -> bool:
-    """The one way a run changes status: checked against ``CHECK_TRANSITIONS``, with an
-    event. False if unchanged."""
-    current = CheckStatus(run.status)
-    check_transition(
-        CHECK_TRANSITIONS, entity=f"check run {run.id}", current=current, target=target
+    """The one way a run changes status: checked against ``CHECK_TRANSITIONS``, evented,
+    audited. An ended run's lease is released. False if unchanged."""
+    subject = Subject(
+        object_id=run.id,
+        label=f"check {run.kind} {run.id}",
+        project_id=project_id,
+        cluster_id=run.cluster_id,
+        node_id=run.node_ids[0] if len(run.node_ids) == 1 else None,
+        ids={"check_run_id": run.id},
     )
-    if current is target:
+    if not transition(
+        session, lifecycle=CHECK_RUN, row=run, subject=subject, target=target, actor=actor,
+        reason=reason, now=now, data=data,
+    ):  # fmt: skip
         return False
-    run.status = target.value
     run.updated_at = now
     if target is CheckStatus.RUNNING and run.started_at is None:
         run.started_at = now
@@ -420,21 +429,4 @@ def switch_check_status(
         run.lock_owner = run.lock_token = None
         run.lock_expires_at = None
     run.detail = reason
-    record_event(
-        session,
-        kind=EventKind.CHECK_STATUS,
-        message=f"check {run.kind} {run.id}: {current.value} → {target.value}: {reason}",
-        project_id=project_id,
-        cluster_id=run.cluster_id,
-        node_id=run.node_ids[0] if len(run.node_ids) == 1 else None,
-        actor=actor,
-        data={
-            "check_run_id": run.id,
-            "from": current.value,
-            "to": target.value,
-            "reason": reason,
-            **(data or {}),
-        },
-        ts=now,
-    )
     return True

@@ -29,7 +29,7 @@ from gpufleet.core.health import shown_health
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Cluster, NodeCounts, Page
 from gpufleet.core.rbac import Permission
-from gpufleet.core.transitions import CLUSTER_TRANSITIONS, check_transition
+from gpufleet.core.transitions import CLUSTER
 from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateClusterRequest
@@ -37,7 +37,7 @@ from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.projects import get_project_row_or_error
-from gpufleet.server.services.transitions import Change, record_transition
+from gpufleet.server.services.transitions import Subject, transition
 
 
 def node_name(cluster: ClusterRow, slot: int) -> str:
@@ -455,7 +455,9 @@ async def get_cluster(
     return cluster_row_to_cluster(row, counts=counts[row.id])
 
 
-async def delete_cluster(session: AsyncSession, *, caller: Caller, cluster_id: str) -> Cluster:
+async def delete_cluster(
+    session: AsyncSession, *, caller: Caller, cluster_id: str, now: dt.datetime
+) -> Cluster:
     """Mark for deletion; the provisioning loop gives the machines back, then marks deleted."""
     row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
     require(caller, Permission.CLUSTER_DELETE, row.project_id)
@@ -469,6 +471,7 @@ async def delete_cluster(session: AsyncSession, *, caller: Caller, cluster_id: s
             project_id=row.project_id,
             source_ip=caller.source_ip,
             detail={"status": row.status, "changed": False},
+            ts=now,
         )
         return cluster_row_to_cluster(row)
     switch_cluster_status(
@@ -477,6 +480,7 @@ async def delete_cluster(session: AsyncSession, *, caller: Caller, cluster_id: s
         target=ClusterStatus.DELETING,
         actor=caller.actor,
         reason="deletion requested",
+        now=now,
         source_ip=caller.source_ip,
     )
     return cluster_row_to_cluster(row)
@@ -489,37 +493,23 @@ def switch_cluster_status(
     target: ClusterStatus,
     actor: str,
     reason: str,
+    now: dt.datetime,
     source_ip: str | None = None,
-    now: dt.datetime | None = None,
 ) -> bool:
     """The one way a cluster changes status: checked, evented, audited. False if unchanged."""
-    current = ClusterStatus(cluster.status)
-    check_transition(
-        CLUSTER_TRANSITIONS, entity=f"cluster {cluster.name}", current=current, target=target
+    subject = Subject(
+        object_id=cluster.id,
+        label=f"cluster {cluster.name}",
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        node_id=None,
     )
-    if current is target:
+    if not transition(
+        session, lifecycle=CLUSTER, row=cluster, subject=subject, target=target, actor=actor,
+        reason=reason, now=now, source_ip=source_ip,
+    ):  # fmt: skip
         return False
-    now = now or utcnow()
-    cluster.status = target.value
     cluster.updated_at = now
     if target is ClusterStatus.DELETED:
         cluster.deleted_at = now
-    record_transition(
-        session,
-        change=Change(
-            entity="cluster",
-            object_id=cluster.id,
-            name=cluster.name,
-            project_id=cluster.project_id,
-            cluster_id=cluster.id,
-            node_id=None,
-            old=current.value,
-            new=target.value,
-        ),
-        kind=EventKind.CLUSTER_STATUS,
-        actor=actor,
-        reason=reason,
-        now=now,
-        source_ip=source_ip,
-    )
     return True

@@ -13,7 +13,7 @@ For other server code (check runs, acceptance, startup scripts):
   ``expires_at``, or taken and not answered by ``deadline_at`` (the command's timeout
   plus ``ANSWER_GRACE_S``).
 
-Statuses and their changes are ``core.agent_protocol.COMMAND_TRANSITIONS``; every change
+Statuses and their changes are ``core.transitions.COMMAND_TRANSITIONS``; every change
 writes one ``node.command`` event and one ``command.status`` audit row. A result that
 comes after the command was cancelled or expired is kept (``late_result``) and changes
 nothing else. Pass ``caller`` where a person asks; server code passes none.
@@ -30,10 +30,8 @@ from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import (
-    COMMAND_TRANSITIONS,
     DEFAULT_EXPIRES_IN_S,
     DEFAULT_OUTPUT_BYTES,
-    FINAL_COMMAND_STATUSES,
     MAX_EXPIRES_IN_S,
     CommandKind,
     CommandPoll,
@@ -50,13 +48,14 @@ from gpufleet.core.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
-from gpufleet.core.transitions import check_transition
+from gpufleet.core.transitions import FINAL_COMMAND_STATUSES, NODE_COMMAND
 from gpufleet.server.db.tables import ClusterRow, NodeCommandRow, NodeRow
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.command_signals import notify_after_commit
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.nodes import get_node_row_or_error
+from gpufleet.server.services.transitions import Subject, transition
 
 # After the timeout: the agent's SIGTERM→SIGKILL grace (10 s), reading the last output,
 # and a few retries of the result POST. A later result is kept as late.
@@ -165,6 +164,7 @@ async def enqueue_command(
         project_id=project_id,
         source_ip=caller.source_ip if caller else None,
         detail={**detail, "node_id": node.id, "timeout_s": timeout_s},
+        ts=now,
     )
     await session.flush()
     notify_after_commit(session, node.id, pending=True)
@@ -226,34 +226,21 @@ def switch_command_status(
 ) -> bool:
     """The one way a command changes status: checked, evented, audited. False if it
     already was ``target``."""
-    current = CommandStatus(row.status)
-    check_transition(COMMAND_TRANSITIONS, entity="command", current=current, target=target)
-    if current is target:
-        return False
-    row.status = target.value
-    row.status_reason = reason[:2000]
-    row.updated_at = now
-    data = {"command_id": row.id, "from": current.value, "to": target.value, "reason": reason}
-    record_event(
-        session,
-        kind=EventKind.NODE_COMMAND,
-        message=f"command {_name(row)}: {current.value} → {target.value}: {reason}",
+    subject = Subject(
+        object_id=row.id,
+        label=f"command {_name(row)}",
         project_id=project_id,
         cluster_id=row.cluster_id,
         node_id=row.node_id,
-        actor=actor,
-        data=data,
-        ts=now,
+        ids={"command_id": row.id},
     )
-    record_audit(
-        session,
-        actor=actor,
-        action="command.status",
-        object_type="node_command",
-        object_id=row.id,
-        project_id=project_id,
-        detail=data,
-    )
+    if not transition(
+        session, lifecycle=NODE_COMMAND, row=row, subject=subject, target=target, actor=actor,
+        reason=reason, now=now,
+    ):  # fmt: skip
+        return False
+    row.status_reason = reason[:2000]
+    row.updated_at = now
     return True
 
 
@@ -295,6 +282,7 @@ async def cancel_command(
             object_id=row.id,
             project_id=project_id,
             detail={"status": row.status, "changed": False, "reason": reason},
+            ts=now,
         )
     return command_row_to_record(row)
 

@@ -8,17 +8,16 @@ from collections.abc import Sequence
 from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.clock import utcnow
-from gpufleet.core.enums import EventKind, Health, NodeState
+from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.errors import InvalidInput, NotFound
 from gpufleet.core.health import shown_health
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Gpu, Node, Page
 from gpufleet.core.rbac import Permission
-from gpufleet.core.transitions import NODE_TRANSITIONS, check_transition
+from gpufleet.core.transitions import NODE
 from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
 from gpufleet.server.services.auth import Caller
-from gpufleet.server.services.transitions import Change, record_transition
+from gpufleet.server.services.transitions import Subject, transition
 
 # States in which a node is expected to report; elsewhere silence is not news.
 REPORTING_STATES = frozenset(
@@ -198,33 +197,22 @@ def switch_node_state(
     target: NodeState,
     actor: str,
     reason: str,
-    now: dt.datetime | None = None,
+    now: dt.datetime,
 ) -> bool:
     """The one way a node changes state: checked, evented, audited. False if unchanged."""
-    current = NodeState(node.state)
-    check_transition(NODE_TRANSITIONS, entity=f"node {node.name}", current=current, target=target)
-    if current is target:
+    subject = Subject(
+        object_id=node.id,
+        label=f"node {node.name}",
+        project_id=project_id,
+        cluster_id=node.cluster_id,
+        node_id=node.id,
+    )
+    if not transition(
+        session, lifecycle=NODE, row=node, subject=subject, target=target, actor=actor,
+        reason=reason, now=now,
+    ):  # fmt: skip
         return False
-    now = now or utcnow()
-    node.state = target.value
     node.updated_at = now
     if target is NodeState.REMOVED:
         node.removed_at = now
-    record_transition(
-        session,
-        change=Change(
-            entity="node",
-            object_id=node.id,
-            name=node.name,
-            project_id=project_id,
-            cluster_id=node.cluster_id,
-            node_id=node.id,
-            old=current.value,
-            new=target.value,
-        ),
-        kind=EventKind.NODE_STATE,
-        actor=actor,
-        reason=reason,
-        now=now,
-    )
     return True

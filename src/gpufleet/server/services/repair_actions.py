@@ -13,7 +13,6 @@ from sqlalchemy import select
 
 from gpufleet.core.enums import EventKind, NodeState, RepairStatus
 from gpufleet.core.errors import Conflict, DriverError
-from gpufleet.core.ids import new_id
 from gpufleet.core.models import Breaker, Node, NodeAction, NodeActionResult, Repair
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import (
@@ -24,7 +23,7 @@ from gpufleet.core.repair.models import (
 )
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.engine import Database
-from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow, RepairRow
+from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.schemas.repairs import (
     REPAIR_NODE_ACTIONS,
@@ -43,10 +42,11 @@ from gpufleet.server.services.nodes import (
     node_row_to_node,
     switch_node_state,
 )
-from gpufleet.server.services.repair_policy import host_of, load_policy
+from gpufleet.server.services.repair_policy import load_policy
 from gpufleet.server.services.repairs import (
     approve_repair_row,
     breaker_refusal,
+    create_repair,
     get_breaker,
     get_repair_row_or_error,
     jobs_on_node,
@@ -150,6 +150,7 @@ async def force_repair(
             project_id=cluster.project_id,
             source_ip=caller.source_ip,
             detail={"reason": request.reason},
+            ts=now,
         )
         record_event(
             session,
@@ -247,19 +248,16 @@ async def _manual_repair(
                     )
                 )
             )
-            repair = RepairRow(
-                id=new_id(),
-                cluster_id=cluster.id,
-                node_id=node.id,
-                kind=RepairKind.NODE.value,
-                source=RepairSource.MANUAL.value,
-                action=action.value,
-                status=RepairStatus.PROPOSED.value,
+            repair = create_repair(
+                session,
+                cluster=cluster_row,
+                node=node_row,
+                kind=RepairKind.NODE,
+                source=RepairSource.MANUAL,
+                action=action,
                 signature_id="manual",
-                host=host_of(node_row),
                 gpu_index=request.gpu_index,
                 finding_ids=[f.id for f in findings],
-                node_ids=[],
                 reason=f"{caller.actor}: {request.action.value} {node.name}: {request.reason}",
                 rule=f"manual: {request.action.value} by an admin",
                 evidence={
@@ -276,12 +274,10 @@ async def _manual_repair(
                     "jobs": jobs,
                 },
                 requested_by=caller.actor,
-                progress={},
-                detail="",
-                created_at=now,
-                updated_at=now,
+                actor=caller.actor,
+                now=now,
+                source_ip=caller.source_ip,
             )
-            session.add(repair)
             await session.flush()
             await approve_repair_row(
                 session, repair=repair, cluster=cluster_row, node=node_row, policy=policy,
@@ -382,6 +378,7 @@ async def _hold_action(
             project_id=cluster.project_id,
             source_ip=caller.source_ip,
             detail={"reason": request.reason, "from": state.value},
+            ts=now,
         )
 
 

@@ -9,15 +9,15 @@ is recorded the same way and meets the same breaker.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.clock import utcnow
 from gpufleet.core.enums import EventKind, NodeState, RepairAction, RepairStatus
 from gpufleet.core.errors import Conflict, DriverError, InvalidInput, NotFound
-from gpufleet.core.ids import is_id
+from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Breaker, Page, Repair
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import (
@@ -26,16 +26,18 @@ from gpufleet.core.repair.models import (
     OPEN_STATUSES,
     PolicyConfig,
     RepairKind,
+    RepairSource,
 )
 from gpufleet.core.repair.policy import breaker_would_trip
-from gpufleet.core.transitions import REPAIR_TRANSITIONS, check_transition
+from gpufleet.core.transitions import REPAIR
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.repair_policy import host_of
 from gpufleet.server.services.schedulers import scheduler_for
-from gpufleet.server.services.transitions import Change, record_transition
+from gpufleet.server.services.transitions import Subject, transition
 
 # Node states that count as "out" for the breaker (besides nodes with an active repair).
 OUT_STATES = frozenset(
@@ -99,41 +101,132 @@ def switch_repair_status(
     target: RepairStatus,
     actor: str,
     reason: str,
-    now: dt.datetime | None = None,
+    now: dt.datetime,
     source_ip: str | None = None,
 ) -> bool:
     """The one way a repair changes status: checked, evented, audited. False if unchanged."""
-    current = RepairStatus(repair.status)
-    check_transition(
-        REPAIR_TRANSITIONS, entity=_label(repair, node_name), current=current, target=target
+    subject = Subject(
+        object_id=repair.id,
+        label=_label(repair, node_name),
+        project_id=project_id,
+        cluster_id=repair.cluster_id,
+        node_id=repair.node_id,
+        ids={"repair_id": repair.id},
     )
-    if current is target:
+    if not transition(
+        session, lifecycle=REPAIR, row=repair, subject=subject, target=target, actor=actor,
+        reason=reason, now=now, source_ip=source_ip,
+    ):  # fmt: skip
         return False
-    now = now or utcnow()
-    repair.status = target.value
     repair.updated_at = now
     repair.step_started_at = now
     if target in _TERMINAL:
         repair.finished_at = now
-    record_transition(
-        session,
-        change=Change(
-            entity="repair",
-            object_id=repair.id,
-            name=f"{repair.id} ({repair.action} on {node_name or repair.incident_key})",
-            project_id=project_id,
-            cluster_id=repair.cluster_id,
-            node_id=repair.node_id,
-            old=current.value,
-            new=target.value,
-        ),
-        kind=EventKind.REPAIR_STATUS,
-        actor=actor,
-        reason=reason,
-        now=now,
-        source_ip=source_ip,
-    )
     return True
+
+
+def create_repair(
+    session: AsyncSession,
+    *,
+    cluster: ClusterRow,
+    node: NodeRow | None,
+    kind: RepairKind,
+    source: RepairSource,
+    action: RepairAction,
+    signature_id: str,
+    reason: str,
+    rule: str,
+    evidence: dict[str, Any],
+    finding_ids: Sequence[str],
+    actor: str,
+    now: dt.datetime,
+    node_ids: Sequence[str] = (),
+    incident_key: str | None = None,
+    gpu_index: int | None = None,
+    requested_by: str | None = None,
+    detail: str = "",
+    source_ip: str | None = None,
+) -> RepairRow:
+    """A new repair, ``proposed``: the row, its ``repair.propose`` audit row and its event
+    (``repair.proposed`` for a node, ``incident.opened`` for an incident), all at ``now``.
+    The one place a repair is made: the planner's recommendations and an admin's action.
+    The caller checks it is not a duplicate (one open repair per node)."""
+    repair = RepairRow(
+        id=new_id(),
+        cluster_id=cluster.id,
+        node_id=node.id if node is not None else None,
+        kind=kind.value,
+        source=source.value,
+        action=action.value,
+        status=RepairStatus.PROPOSED.value,
+        signature_id=signature_id,
+        host=host_of(node) if node is not None else None,
+        gpu_index=gpu_index,
+        finding_ids=list(finding_ids),
+        node_ids=list(node_ids),
+        incident_key=incident_key,
+        reason=reason,
+        rule=rule,
+        evidence=evidence,
+        requested_by=requested_by,
+        progress={},
+        detail=detail,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(repair)
+    record_audit(
+        session,
+        actor=actor,
+        action="repair.propose",
+        object_type="repair",
+        object_id=repair.id,
+        project_id=cluster.project_id,
+        source_ip=source_ip,
+        detail={
+            "to": RepairStatus.PROPOSED.value,
+            "action": action.value,
+            "signature": signature_id,
+            "rule": rule,
+            "reason": reason,
+        },
+        ts=now,
+    )
+    if kind is RepairKind.INCIDENT:
+        record_event(
+            session,
+            kind=EventKind.INCIDENT_OPENED,
+            message=f"cluster {cluster.name}: {len(repair.node_ids)} nodes behind "
+            f"{incident_key} failing together: {reason}",
+            project_id=cluster.project_id,
+            cluster_id=cluster.id,
+            actor=actor,
+            data={
+                "repair_id": repair.id,
+                "incident_key": incident_key,
+                "node_ids": list(repair.node_ids),
+            },
+            ts=now,
+        )
+        return repair
+    how = "recommended" if source is RepairSource.POLICY else f"requested by {actor}"
+    record_event(
+        session,
+        kind=EventKind.REPAIR_PROPOSED,
+        message=f"node {node.name if node else repair.node_id}: {action.value} {how}: {reason}",
+        project_id=cluster.project_id,
+        cluster_id=cluster.id,
+        node_id=repair.node_id,
+        actor=actor,
+        data={
+            "repair_id": repair.id,
+            "action": action.value,
+            "signature": signature_id,
+            "rule": rule,
+        },
+        ts=now,
+    )
+    return repair
 
 
 async def get_repair_row_or_error(
@@ -392,6 +485,7 @@ def reset_breaker(
             project_id=cluster.project_id,
             source_ip=caller.source_ip,
             detail={"reason": reason, "changed": False},
+            ts=now,
         )
         return False
     record_event(
@@ -413,6 +507,7 @@ def reset_breaker(
         project_id=cluster.project_id,
         source_ip=caller.source_ip,
         detail={"reason": reason, "was": cluster.repair_breaker_reason},
+        ts=now,
     )
     cluster.repair_breaker_tripped_at = None
     cluster.repair_breaker_reason = None

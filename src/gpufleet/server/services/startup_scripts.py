@@ -27,11 +27,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.agent_protocol import FINAL_COMMAND_STATUSES, CommandStatus, script_argv
-from gpufleet.core.enums import EventKind, NodeState
+from gpufleet.core.agent_protocol import CommandStatus, script_argv
+from gpufleet.core.enums import EventKind, NodeState, StartupStatus
 from gpufleet.core.errors import Conflict
 from gpufleet.core.ids import new_id
 from gpufleet.core.rbac import Permission
+from gpufleet.core.transitions import FINAL_COMMAND_STATUSES, STARTUP_RUN
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import ClusterRow, NodeCommandRow, NodeRow, NodeStartupRow
 from gpufleet.server.services.audit import record_audit
@@ -39,6 +40,7 @@ from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.node_commands import cancel_command, enqueue_command
 from gpufleet.server.services.nodes import get_node_row_or_error
+from gpufleet.server.services.transitions import Subject, transition
 
 # A script's time limit unless its first lines say otherwise (``# gpufleet-timeout: 300``):
 # long enough for a package install or an image pull, short enough that a hung mount
@@ -57,13 +59,6 @@ class StartupTrigger(StrEnum):
     REPROVISION = "reprovision"
     FAILOVER = "failover"  # the node moved to a new machine
     RETRY = "retry"  # an admin asked again after a failure
-
-
-class StartupStatus(StrEnum):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"  # superseded by a newer start of the node
 
 
 OPEN = StartupStatus.RUNNING.value
@@ -117,6 +112,8 @@ async def ensure_startup(
         await _end(
             session,
             run=latest,
+            node=node,
+            project_id=cluster.project_id,
             status=StartupStatus.CANCELLED,
             error="superseded by a newer start of the node",
             now=now,
@@ -194,6 +191,8 @@ async def advance_startup(db: Database, run_id: str, *, now: dt.datetime) -> Non
             await _end(
                 session,
                 run=run,
+                node=node,
+                project_id=cluster.project_id,
                 status=StartupStatus.CANCELLED,
                 error="the node was removed",
                 now=now,
@@ -282,6 +281,8 @@ async def _take_result(
         await _end(
             session,
             run=run,
+            node=node,
+            project_id=cluster.project_id,
             status=StartupStatus.FAILED,
             error=f"{error}: {detail}" if detail else error,
             now=now,
@@ -291,7 +292,10 @@ async def _take_result(
         return
     run.current = index + 1
     if run.current >= total:
-        await _end(session, run=run, status=StartupStatus.SUCCEEDED, error="", now=now)
+        await _end(
+            session, run=run, node=node, project_id=cluster.project_id,
+            status=StartupStatus.SUCCEEDED, error="", now=now,
+        )  # fmt: skip
 
 
 def _how(status: CommandStatus, result: dict[str, Any], *, timeout_s: float, reason: str) -> str:
@@ -314,18 +318,54 @@ async def _end(
     session: AsyncSession,
     *,
     run: NodeStartupRow,
+    node: NodeRow,
+    project_id: str,
     status: StartupStatus,
     error: str,
     now: dt.datetime,
+    actor: str = ACTOR,
 ) -> None:
     if run.command_id is not None and status is StartupStatus.CANCELLED:
         command = await session.get(NodeCommandRow, run.command_id)
         if command is not None and CommandStatus(command.status) not in FINAL_COMMAND_STATUSES:
             await cancel_command(session, command_id=command.id, actor=ACTOR, reason=error, now=now)
-    run.status = status.value
+    switch_startup_status(
+        session, run=run, node=node, project_id=project_id, target=status, actor=actor,
+        reason=error or f"{len(run.scripts)} startup script(s) ran", now=now,
+    )  # fmt: skip
     run.error = error
-    run.finished_at = now
+
+
+def switch_startup_status(
+    session: AsyncSession,
+    *,
+    run: NodeStartupRow,
+    node: NodeRow,
+    project_id: str,
+    target: StartupStatus,
+    actor: str,
+    reason: str,
+    now: dt.datetime,
+) -> bool:
+    """The one way a startup run changes status: checked, evented, audited. False if
+    unchanged."""
+    subject = Subject(
+        object_id=run.id,
+        label=f"node {node.name}: startup run {run.id} ({run.trigger})",
+        project_id=project_id,
+        cluster_id=run.cluster_id,
+        node_id=run.node_id,
+        ids={"startup_id": run.id},
+    )
+    if not transition(
+        session, lifecycle=STARTUP_RUN, row=run, subject=subject, target=target, actor=actor,
+        reason=reason, now=now,
+    ):  # fmt: skip
+        return False
     run.updated_at = now
+    if target is not StartupStatus.RUNNING:
+        run.finished_at = now
+    return True
 
 
 def _tail(value: object) -> str:
@@ -384,7 +424,10 @@ async def retry_startup(
                 actor=caller.actor,
                 now=now,
             )
-            await _end(session, run=run, status=StartupStatus.SUCCEEDED, error="", now=now)
+            await _end(
+                session, run=run, node=node, project_id=cluster.project_id,
+                status=StartupStatus.SUCCEEDED, error="", now=now, actor=caller.actor,
+            )  # fmt: skip
         else:
             run = start_startup(
                 session,
@@ -418,5 +461,6 @@ async def retry_startup(
             project_id=cluster.project_id,
             source_ip=caller.source_ip,
             detail={"reason": reason, "startup_id": run.id, "failed": latest.error},
+            ts=now,
         )
         return run

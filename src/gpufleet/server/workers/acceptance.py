@@ -28,7 +28,7 @@ import logging
 from sqlalchemy import select
 
 from gpufleet.core.acceptance import AcceptanceScope, AcceptanceTrigger
-from gpufleet.core.enums import ClusterStatus, NodeState
+from gpufleet.core.enums import AcceptanceStage, ClusterStatus, NodeState
 from gpufleet.core.repair.models import ACTIVE_STATUSES
 from gpufleet.schedulers.base import SupportsDrain
 from gpufleet.server.db.tables import AcceptanceRunRow, ClusterRow, NodeRow, RepairRow
@@ -72,7 +72,7 @@ class AcceptanceLoop(AcceptanceSteps):
             run_ids = list(
                 await session.scalars(
                     select(AcceptanceRunRow.id)
-                    .where(AcceptanceRunRow.stage != "done")
+                    .where(AcceptanceRunRow.stage != AcceptanceStage.DONE.value)
                     .order_by(AcceptanceRunRow.id)
                 )
             )
@@ -103,7 +103,9 @@ class AcceptanceLoop(AcceptanceSteps):
         async with self.db.session() as session:
             covered: set[str] = set()
             for node_ids in await session.scalars(
-                select(AcceptanceRunRow.node_ids).where(AcceptanceRunRow.stage != "done")
+                select(AcceptanceRunRow.node_ids).where(
+                    AcceptanceRunRow.stage != AcceptanceStage.DONE.value
+                )
             ):
                 covered.update(str(n) for n in node_ids or [])
             # A node a repair put in acceptance is the repair's to move on (its run may
@@ -149,7 +151,7 @@ class AcceptanceLoop(AcceptanceSteps):
                     )
                     .where(
                         AcceptanceRunRow.cluster_id.in_(cluster_ids),
-                        AcceptanceRunRow.stage == "done",
+                        AcceptanceRunRow.stage == AcceptanceStage.DONE.value,
                         AcceptanceRunRow.trigger != AcceptanceTrigger.REPAIR.value,
                     )
                     .order_by(AcceptanceRunRow.id.desc())
@@ -194,7 +196,8 @@ class AcceptanceLoop(AcceptanceSteps):
             busy: set[str] = set()
             for ids in await session.scalars(
                 select(AcceptanceRunRow.node_ids).where(
-                    AcceptanceRunRow.cluster_id == cluster_id, AcceptanceRunRow.stage != "done"
+                    AcceptanceRunRow.cluster_id == cluster_id,
+                    AcceptanceRunRow.stage != AcceptanceStage.DONE.value,
                 )
             ):
                 busy.update(str(n) for n in ids or [])
@@ -209,7 +212,7 @@ class AcceptanceLoop(AcceptanceSteps):
                     .where(
                         AcceptanceRunRow.cluster_id == cluster_id,
                         AcceptanceRunRow.trigger == AcceptanceTrigger.PROVISIONING.value,
-                        AcceptanceRunRow.stage == "node",
+                        AcceptanceRunRow.stage == AcceptanceStage.NODE.value,
                     )
                     .order_by(AcceptanceRunRow.id.desc())
                     .limit(1)

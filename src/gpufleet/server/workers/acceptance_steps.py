@@ -33,7 +33,7 @@ from gpufleet.core.acceptance import (
     SuiteCheck,
     content_hash,
 )
-from gpufleet.core.enums import CheckStatus, ClusterStatus, EventKind, NodeState
+from gpufleet.core.enums import AcceptanceStage, CheckStatus, ClusterStatus, EventKind, NodeState
 from gpufleet.core.errors import GpufleetError
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.tables import AcceptanceRunRow, CheckRunRow, ClusterRow, GpuRow, NodeRow
@@ -47,6 +47,10 @@ from gpufleet.server.services.acceptance_report import (
     localised,
     node_results,
     worst,
+)
+from gpufleet.server.services.acceptance_status import (
+    switch_acceptance_stage,
+    switch_acceptance_status,
 )
 from gpufleet.server.services.checks import (
     CHECKABLE_STATES,
@@ -104,13 +108,13 @@ class AcceptanceSteps(LoopService):
         """Take one run one step on. Safe to call again at any time."""
         async with self.db.session() as session:
             run = await session.get(AcceptanceRunRow, run_id)
-            if run is None or run.stage == "done":
+            if run is None or run.stage == AcceptanceStage.DONE:
                 return
             cluster = await session.get(ClusterRow, run.cluster_id)
             if cluster is None:
                 return
         self.steps += 1
-        if run.stage == "gating":
+        if run.stage == AcceptanceStage.GATING:
             await self._gate(run.id)
             return
         if cluster.status in (ClusterStatus.DELETING.value, ClusterStatus.DELETED.value):
@@ -132,9 +136,9 @@ class AcceptanceSteps(LoopService):
                 "finished fails",
             )
             return
-        if run.stage == "node":
+        if run.stage == AcceptanceStage.NODE:
             await self._node_stage(run, cluster, suite)
-        elif run.stage == "cluster":
+        elif run.stage == AcceptanceStage.CLUSTER:
             await self._cluster_stage(run)
 
     # -- node level --------------------------------------------------------------------
@@ -144,12 +148,16 @@ class AcceptanceSteps(LoopService):
     ) -> None:
         entries = entries_of(run)
         excluded = _excluded(run)
-        node_entries = [e for e in entries if e.stage == "node"]
+        node_entries = _node_level(entries)
         covered = {n for e in node_entries for n in e.node_ids} | set(excluded)
         new = [n for n in run.node_ids if n not in covered]
         checks = await self._check_rows(node_entries)
         steps = len(suite.node_checks())
-        if new or _next_steps(node_entries, checks, steps) or run.status == "pending":
+        if (
+            new
+            or _next_steps(node_entries, checks, steps)
+            or run.status == AcceptanceStatus.PENDING
+        ):
             await self._start_node_checks(run.id, suite)
             self.failpoints.hit("acceptance.node.after_start")
             return
@@ -159,7 +167,10 @@ class AcceptanceSteps(LoopService):
             labels = ", ".join(sorted({e.label for e in pending}))
             await self._progress(run.id, outcomes, f"node-level checks running: {labels}")
             return
-        if run.trigger == AcceptanceTrigger.PROVISIONING.value and run.scope == "cluster":
+        if (
+            run.trigger == AcceptanceTrigger.PROVISIONING.value
+            and run.scope == AcceptanceScope.CLUSTER
+        ):
             booting = await self._booting(cluster.id)
             if booting:
                 await self._progress(
@@ -185,7 +196,7 @@ class AcceptanceSteps(LoopService):
         ended gets its next one, for the nodes that passed so far."""
         async with self.db.transaction() as session:
             run = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
-            if run is None or run.stage != "node":
+            if run is None or run.stage != AcceptanceStage.NODE:
                 return
             cluster = await session.get(ClusterRow, run.cluster_id)
             assert cluster is not None
@@ -193,7 +204,7 @@ class AcceptanceSteps(LoopService):
             entries = entries_of(run)
             excluded = _excluded(run)
             node_checks = suite.node_checks()
-            covered = {n for e in entries if e.stage == "node" for n in e.node_ids}
+            covered = {n for e in _node_level(entries) for n in e.node_ids}
             covered |= set(excluded)
             rows = {
                 r.id: r
@@ -219,16 +230,20 @@ class AcceptanceSteps(LoopService):
                     )
                 )
             }
-            todo = _next_steps([e for e in entries if e.stage == "node"], checks, len(node_checks))
+            todo = _next_steps(_node_level(entries), checks, len(node_checks))
             if batch:
-                number = 1 + max((e.batch for e in entries if e.stage == "node"), default=-1)
+                number = 1 + max((e.batch for e in _node_level(entries)), default=-1)
                 todo.append((number, 0, batch))
             force = bool((run.results or {}).get("force"))
             fabric = suite.fabric_for(cluster.gpu_model)
             for number, step, node_ids in todo:
                 if not node_checks:
                     # No node-level check in the suite: judged on the cluster-wide ones.
-                    entries.append(CheckEntry("", "none", "none", "node", tuple(node_ids), number))
+                    entries.append(
+                        CheckEntry(
+                            "", "none", "none", AcceptanceStage.NODE, tuple(node_ids), number
+                        )
+                    )
                     continue
                 check = node_checks[step]
                 row = await create_check_run(
@@ -244,12 +259,15 @@ class AcceptanceSteps(LoopService):
                 )
                 entries.append(
                     CheckEntry(
-                        row.id, check.kind, check.label, "node", tuple(node_ids), number, step
+                        row.id,
+                        check.kind,
+                        check.label,
+                        AcceptanceStage.NODE,
+                        tuple(node_ids),
+                        number,
+                        step,
                     )
                 )
-            if run.status == AcceptanceStatus.PENDING.value:
-                run.status = AcceptanceStatus.RUNNING.value
-                run.started_at = now
             run.results = {
                 **(run.results or {}),
                 "checks": [e.to_json() for e in entries],
@@ -259,6 +277,15 @@ class AcceptanceSteps(LoopService):
             labels = ", ".join(sorted({node_checks[s].label for _, s, _ in todo if node_checks}))
             run.detail = f"node-level checks running: {labels or 'none'}"
             run.updated_at = now
+            switch_acceptance_status(
+                session,
+                run=run,
+                project_id=cluster.project_id,
+                target=AcceptanceStatus.RUNNING,
+                actor=ACTOR,
+                reason=run.detail,
+                now=now,
+            )
 
     async def _start_cluster_checks(
         self,
@@ -270,7 +297,7 @@ class AcceptanceSteps(LoopService):
     ) -> None:
         async with self.db.transaction() as session:
             run = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
-            if run is None or run.stage != "node":
+            if run is None or run.stage != AcceptanceStage.NODE:
                 return
             cluster = await session.get(ClusterRow, run.cluster_id)
             assert cluster is not None
@@ -290,9 +317,10 @@ class AcceptanceSteps(LoopService):
                     now=now,
                 )
                 entries.append(
-                    CheckEntry(row.id, check.kind, check.label, "cluster", tuple(node_ids))
+                    CheckEntry(
+                        row.id, check.kind, check.label, AcceptanceStage.CLUSTER, tuple(node_ids)
+                    )
                 )
-            run.stage = "cluster"
             run.results = {
                 **(run.results or {}),
                 "checks": [e.to_json() for e in entries],
@@ -301,6 +329,15 @@ class AcceptanceSteps(LoopService):
             run.check_run_ids = [e.check_run_id for e in entries if e.check_run_id]
             run.detail = f"cluster-wide checks running across {len(node_ids)} node(s)"
             run.updated_at = now
+            switch_acceptance_stage(
+                session,
+                run=run,
+                project_id=cluster.project_id,
+                target=AcceptanceStage.CLUSTER,
+                actor=ACTOR,
+                reason=run.detail,
+                now=now,
+            )
 
     # -- cluster level -----------------------------------------------------------------
 
@@ -311,14 +348,18 @@ class AcceptanceSteps(LoopService):
             return
         steps = len(AcceptanceSuite.model_validate(run.suite).node_checks())
         outcomes = _node_outcomes(
-            run.node_ids, [e for e in entries if e.stage == "node"], checks, _excluded(run), steps
+            run.node_ids,
+            _node_level(entries),
+            checks,
+            _excluded(run),
+            steps,
         )
         names = await self._names(run.node_ids)
         retried: dict[str, str] = dict((run.results or {}).get("retried") or {})
         again = [
             e
             for e in entries
-            if e.stage == "cluster"
+            if e.stage is AcceptanceStage.CLUSTER
             and e.check_run_id not in retried  # a retry is not retried
             and (row := checks.get(e.check_run_id)) is not None
             and CheckStatus(row.status) is not CheckStatus.PASSED
@@ -331,7 +372,7 @@ class AcceptanceSteps(LoopService):
             await self._retry_cluster_checks(run.id, again, checks)
             return
         unpinned: list[str] = []
-        for entry in (e for e in entries if e.stage == "cluster"):
+        for entry in (e for e in entries if e.stage is AcceptanceStage.CLUSTER):
             row = checks.get(entry.check_run_id)
             if row is None:
                 continue
@@ -370,7 +411,7 @@ class AcceptanceSteps(LoopService):
         run (the report shows the final attempt), ``results.retried`` maps new → old."""
         async with self.db.transaction() as session:
             run = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
-            if run is None or run.stage != "cluster":
+            if run is None or run.stage != AcceptanceStage.CLUSTER:
                 return
             cluster = await session.get(ClusterRow, run.cluster_id)
             assert cluster is not None
@@ -421,7 +462,7 @@ class AcceptanceSteps(LoopService):
         verdicts. Check runs still open (a timeout, a cancel) are cancelled."""
         async with self.db.transaction() as session:
             run = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
-            if run is None or run.stage not in ("node", "cluster"):
+            if run is None or run.stage not in (AcceptanceStage.NODE, AcceptanceStage.CLUSTER):
                 return
             cluster = await session.get(ClusterRow, run.cluster_id)
             assert cluster is not None
@@ -449,7 +490,7 @@ class AcceptanceSteps(LoopService):
                 steps = len(AcceptanceSuite.model_validate(run.suite).node_checks())
                 outcomes = _node_outcomes(
                     run.node_ids,
-                    [e for e in entries if e.stage == "node"],
+                    _node_level(entries),
                     checks,
                     _excluded(run),
                     steps,
@@ -496,31 +537,38 @@ class AcceptanceSteps(LoopService):
             run.report = report
             run.report_sha256 = content_hash(report)
             run.results = {**(run.results or {}), "nodes": outcomes}
-            run.status = status.value
             run.detail = detail[:4000]
-            run.finished_at = now
-            run.updated_at = now
-            # A repair's run is gated by the repair; a cancelled one gates nobody (an
-            # opt-out puts its nodes in service, a deleted cluster takes them away).
-            gated = run.trigger != AcceptanceTrigger.REPAIR.value
-            run.stage = "gating" if gated and status is not AcceptanceStatus.CANCELLED else "done"
-            record_event(
+            switch_acceptance_status(
                 session,
+                run=run,
+                project_id=cluster.project_id,
+                target=status,
+                actor=ACTOR,
+                reason=detail,
+                now=now,
                 kind=EventKind.ACCEPTANCE_FINISHED,
                 message=f"cluster {cluster.name}: acceptance ({run.trigger}) {status.value}: "
                 f"{detail}",
-                project_id=cluster.project_id,
-                cluster_id=cluster.id,
-                node_id=run.node_ids[0] if len(run.node_ids) == 1 else None,
-                actor=ACTOR,
                 data={
-                    "acceptance_run_id": run.id,
                     "status": status.value,
                     "failed_nodes": failed_names,
                     "report_sha256": run.report_sha256,
                     "repair_id": run.repair_id,
                 },
-                ts=now,
+            )
+            # A repair's run is gated by the repair; a cancelled one gates nobody (an
+            # opt-out puts its nodes in service, a deleted cluster takes them away).
+            gated = run.trigger != AcceptanceTrigger.REPAIR.value
+            switch_acceptance_stage(
+                session,
+                run=run,
+                project_id=cluster.project_id,
+                target=AcceptanceStage.GATING
+                if gated and status is not AcceptanceStatus.CANCELLED
+                else AcceptanceStage.DONE,
+                actor=ACTOR,
+                reason=f"report written ({status.value})",
+                now=now,
             )
             for node_id in failed:
                 node = names.get(node_id)
@@ -545,7 +593,7 @@ class AcceptanceSteps(LoopService):
         particular → left in acceptance. Then the cluster's status."""
         async with self.db.session() as session:
             run = await session.get(AcceptanceRunRow, run_id)
-            if run is None or run.stage != "gating":
+            if run is None or run.stage != AcceptanceStage.GATING:
                 return
             cluster = await session.get(ClusterRow, run.cluster_id)
             assert cluster is not None
@@ -578,7 +626,7 @@ class AcceptanceSteps(LoopService):
         async with self.db.transaction() as session:
             locked = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
             cluster_row = await session.get(ClusterRow, run.cluster_id, with_for_update=True)
-            if locked is None or locked.stage != "gating" or cluster_row is None:
+            if locked is None or locked.stage != AcceptanceStage.GATING or cluster_row is None:
                 return
             waiting = False
             for node in nodes:
@@ -623,8 +671,15 @@ class AcceptanceSteps(LoopService):
                     )
             if waiting:
                 return
-            locked.stage = "done"
-            locked.updated_at = self.clock.now()
+            switch_acceptance_stage(
+                session,
+                run=locked,
+                project_id=cluster_row.project_id,
+                target=AcceptanceStage.DONE,
+                actor=ACTOR,
+                reason="its nodes moved by their verdicts",
+                now=self.clock.now(),
+            )
             await session.flush()
             await settle_cluster_status(
                 session, cluster=cluster_row, actor=ACTOR, now=self.clock.now()
@@ -637,7 +692,7 @@ class AcceptanceSteps(LoopService):
     ) -> None:
         async with self.db.transaction() as session:
             run = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
-            if run is None or run.stage == "done":
+            if run is None or run.stage == AcceptanceStage.DONE:
                 return
             current = dict((run.results or {}).get("nodes") or {})
             merged = {**current, **{k: v for k, v in outcomes.items() if k in current}}
@@ -696,6 +751,10 @@ class AcceptanceSteps(LoopService):
             )
             held = await held_by_startup(session, node_ids=ids)
         return len([i for i in ids if i not in held])
+
+
+def _node_level(entries: Sequence[CheckEntry]) -> list[CheckEntry]:
+    return [e for e in entries if e.stage is AcceptanceStage.NODE]
 
 
 def _ended(row: CheckRunRow | None) -> bool:

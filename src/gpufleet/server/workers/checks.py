@@ -50,7 +50,6 @@ from gpufleet.core.ids import new_id
 from gpufleet.schedulers.base import SupportsJobs, SupportsReservations
 from gpufleet.server.db.tables import CheckRunRow, ClusterRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
-from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.check_backends.agent import AgentBackend
 from gpufleet.server.services.check_backends.base import (
     BackendJob,
@@ -499,23 +498,11 @@ class CheckRunner(LocalisationSteps, LoopService):
             actor=ACTOR,
             reason=reason[:2000],
             now=tx.now,
-            data={"outcome": (tx.run.result or {}).get("outcome")},
+            data={
+                "outcome": (tx.run.result or {}).get("outcome"),
+                "requested_by": tx.run.requested_by,
+            },
         )
-        if tx.run.purpose == "on_demand":
-            record_audit(
-                tx.session,
-                actor=ACTOR,
-                action="check.status",
-                object_type="check_run",
-                object_id=tx.run.id,
-                project_id=tx.cluster.project_id,
-                result="ok" if target is CheckStatus.PASSED else target.value,
-                detail={
-                    "to": target.value,
-                    "reason": reason[:500],
-                    "requested_by": tx.run.requested_by,
-                },
-            )
 
     async def _note(
         self, token: str, run_id: str, note: str, handles: dict[str, Any] | None = None

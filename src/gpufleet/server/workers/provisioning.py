@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.enums import ClusterStatus, EventKind, NodeState
+from gpufleet.core.enums import ClusterStatus, EventKind, NodeState, StartupStatus
 from gpufleet.core.errors import DriverError
 from gpufleet.providers.base import Instance, InstanceState, Provider, ProvisionRequest
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
@@ -36,7 +36,6 @@ from gpufleet.server.services.events import record_event
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.services.startup_scripts import (
-    StartupStatus,
     StartupTrigger,
     boot_key,
     ensure_startup,
@@ -336,6 +335,7 @@ class ProvisioningLoop(LoopService):
                     target=NodeState.FAILED,
                     actor=ACTOR,
                     reason=f"{row.provision_attempts} provisioning attempts failed",
+                    now=self.clock.now(),
                 )
 
     async def _update_cluster_status(self, cluster_id: str) -> None:
@@ -370,6 +370,7 @@ class ProvisioningLoop(LoopService):
                         target=target,
                         actor=ACTOR,
                         reason="cluster deleted",
+                        now=self.clock.now(),
                     )
                 node.token_hash = None
             switch_cluster_status(
@@ -378,4 +379,5 @@ class ProvisioningLoop(LoopService):
                 target=ClusterStatus.DELETED,
                 actor=ACTOR,
                 reason=f"{len(instance_ids)} machines given back",
+                now=self.clock.now(),
             )

@@ -18,7 +18,6 @@ from sqlalchemy import or_, select, union
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import ClusterStatus, EventKind, NodeState, RepairAction, RepairStatus
-from gpufleet.core.ids import new_id
 from gpufleet.core.repair.models import (
     OPEN_STATUSES,
     ClusterFacts,
@@ -35,17 +34,16 @@ from gpufleet.core.repair.models import (
 from gpufleet.core.repair.policy import plan
 from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
-from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.repair_policy import (
     finding_fact,
-    host_of,
     load_policy,
     node_fact,
     repair_fact,
 )
 from gpufleet.server.services.repairs import (
     approve_repair_row,
+    create_repair,
     jobs_on_node,
     switch_repair_status,
 )
@@ -238,44 +236,22 @@ class RepairPlanner(LoopService):
         )
         if clash is not None:
             return  # one open repair per node
-        repair = RepairRow(
-            id=new_id(),
-            cluster_id=cluster.id,
-            node_id=node.id,
-            kind=RepairKind.NODE.value,
-            source=RepairSource.POLICY.value,
-            action=decision.action.value,
-            status=RepairStatus.PROPOSED.value,
+        repair = create_repair(
+            session,
+            cluster=cluster,
+            node=node,
+            kind=RepairKind.NODE,
+            source=RepairSource.POLICY,
+            action=decision.action,
             signature_id=decision.signature_id,
-            host=host_of(node),
-            gpu_index=_gpu_index(decision),
-            finding_ids=list(decision.finding_ids),
-            node_ids=[],
             reason=decision.reason,
             rule=decision.rule,
             evidence={**decision.evidence, "jobs": jobs},
-            progress={},
+            finding_ids=decision.finding_ids,
+            gpu_index=_gpu_index(decision),
             detail="waiting for an admin's approval",
-            created_at=now,
-            updated_at=now,
-        )
-        session.add(repair)
-        _audit_proposal(session, repair=repair, project_id=cluster.project_id)
-        record_event(
-            session,
-            kind=EventKind.REPAIR_PROPOSED,
-            message=f"node {node.name}: {decision.action.value} recommended: {decision.reason}",
-            project_id=cluster.project_id,
-            cluster_id=cluster.id,
-            node_id=node.id,
             actor=ACTOR,
-            data={
-                "repair_id": repair.id,
-                "action": decision.action.value,
-                "signature": decision.signature_id,
-                "rule": decision.rule,
-            },
-            ts=now,
+            now=now,
         )
         self.decisions += 1
         if decision.auto_approve:
@@ -322,42 +298,23 @@ class RepairPlanner(LoopService):
         )
         if clash is not None:
             return
-        repair = RepairRow(
-            id=new_id(),
-            cluster_id=cluster.id,
-            node_id=None,
-            kind=RepairKind.INCIDENT.value,
-            source=RepairSource.POLICY.value,
-            action=RepairAction.NONE.value,
-            status=RepairStatus.PROPOSED.value,
+        create_repair(
+            session,
+            cluster=cluster,
+            node=None,
+            kind=RepairKind.INCIDENT,
+            source=RepairSource.POLICY,
+            action=RepairAction.NONE,
             signature_id=decision.signature_id,
-            finding_ids=list(decision.finding_ids),
-            node_ids=list(decision.node_ids),
-            incident_key=decision.incident_key,
             reason=decision.reason,
             rule=decision.rule,
             evidence=decision.evidence,
-            progress={},
+            finding_ids=decision.finding_ids,
+            node_ids=decision.node_ids,
+            incident_key=decision.incident_key,
             detail="infrastructure incident: inspect the shared component",
-            created_at=now,
-            updated_at=now,
-        )
-        session.add(repair)
-        _audit_proposal(session, repair=repair, project_id=cluster.project_id)
-        record_event(
-            session,
-            kind=EventKind.INCIDENT_OPENED,
-            message=f"cluster {cluster.name}: {len(decision.node_ids)} nodes behind "
-            f"{decision.incident_key} failing together: {decision.reason}",
-            project_id=cluster.project_id,
-            cluster_id=cluster.id,
             actor=ACTOR,
-            data={
-                "repair_id": repair.id,
-                "incident_key": decision.incident_key,
-                "node_ids": list(decision.node_ids),
-            },
-            ts=now,
+            now=now,
         )
         self.decisions += 1
 
@@ -411,24 +368,6 @@ class RepairPlanner(LoopService):
             await self._auto_approve(
                 session, repair=repair, cluster=cluster, node=node, policy=policy, now=now
             )
-
-
-def _audit_proposal(session: AsyncSession, *, repair: RepairRow, project_id: str) -> None:
-    record_audit(
-        session,
-        actor=ACTOR,
-        action="repair.propose",
-        object_type="repair",
-        object_id=repair.id,
-        project_id=project_id,
-        detail={
-            "to": RepairStatus.PROPOSED.value,
-            "action": repair.action,
-            "signature": repair.signature_id,
-            "rule": repair.rule,
-            "reason": repair.reason,
-        },
-    )
 
 
 def _is_hold(decision: Decision) -> bool:

@@ -25,7 +25,14 @@ from gpufleet.core.acceptance import (
     AcceptanceStatus,
     AcceptanceTrigger,
 )
-from gpufleet.core.enums import NodeState, RepairAction, RepairStatus, Severity
+from gpufleet.core.enums import (
+    AcceptanceStage,
+    NodeState,
+    RepairAction,
+    RepairStatus,
+    Severity,
+    StartupStatus,
+)
 from gpufleet.core.errors import DriverError
 from gpufleet.core.signatures.catalog import get_signature
 from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, Scheduler, SupportsDrain
@@ -39,7 +46,6 @@ from gpufleet.server.db.tables import (
 from gpufleet.server.services.acceptance import create_acceptance_run
 from gpufleet.server.services.node_health import refresh_node_health
 from gpufleet.server.services.startup_scripts import (
-    StartupStatus,
     StartupTrigger,
     boot_key,
     ensure_startup,
@@ -186,7 +192,7 @@ class VerifyingSteps(StepBase):
             await self.fail(loaded, f"verification failed: acceptance run {run_id} is gone")
             return False
         status = AcceptanceStatus(run.status)
-        if status in OPEN_STATUSES or run.stage != "done":
+        if status in OPEN_STATUSES or run.stage != AcceptanceStage.DONE:
             await self.note(loaded, f"re-acceptance {run.id}: {run.detail}")
             return False
         if status is not AcceptanceStatus.PASSED:

@@ -19,13 +19,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpufleet.checks.aggregate import InvocationOutput
 from gpufleet.checks.runners import Invocation, Launcher
 from gpufleet.core.agent_protocol import (
-    FINAL_COMMAND_STATUSES,
     MAX_OUTPUT_BYTES,
     CommandRecord,
     CommandStatus,
 )
 from gpufleet.core.clock import Clock
 from gpufleet.core.errors import Conflict
+from gpufleet.core.transitions import FINAL_COMMAND_STATUSES
 from gpufleet.server.db.engine import Database
 from gpufleet.server.services.check_backends.base import BackendJob, Polled
 from gpufleet.server.services.node_commands import (
