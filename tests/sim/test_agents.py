@@ -21,6 +21,7 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.sim.agents import SimFleetRunner
 from gpufleet.sim.models import BootPlan, SimInstanceSpec
 from gpufleet.sim.world import SimWorld
+from gpufleet.testing.waits import eventually
 
 PLAN = BootPlan((10.0, 10.0))
 
@@ -152,11 +153,9 @@ def make_world(server: ReportServer, clock: FakeClock, n: int = 3) -> SimWorld:
 
 
 async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if cond():
-                return
-            await asyncio.sleep(0.01)
+    """The free-running agents under test report on real time (their interval); the
+    world's fake clock only dates their samples and boots."""
+    await eventually(cond, timeout_s=timeout_s)
 
 
 def seqs(batches: list[ReportBatch]) -> list[int]:
