@@ -7,7 +7,8 @@ SQLite in a temp dir, the real app in this process (lifespan, ``run_workers=Fals
 on a fake clock; the simulated agents run through the real agent API over ASGI and run
 the sim's check tools, which take what the real tools would (DCGM level 3: 15 min of
 fake time). Machines boot in 60 s of fake time. One tick: the clock moves ``--step``
-fake seconds, the agents run and report, every loop runs once.
+fake seconds, the agents are stepped (each reports, polls, runs and answers its commands,
+all awaited: ``SimFleetRunner.step()``), every loop runs once.
 
 1. ``--nodes`` nodes, acceptance tests off: fake and wall seconds from creation to ready.
 2. The same with the default suite (dcgm-diag level 3 → nccl per node → ib_write_bw on
@@ -76,7 +77,7 @@ async def bring_up(
     loops = build_loops(app.ctx)
     out = BringUp(nodes=size, acceptance=acceptance)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app.app)) as http:
-        runner = SimFleetRunner(provider.world, http=http, report_interval_s=0.05, seed=1)
+        runner = SimFleetRunner(provider.world, http=http, seed=1)
         try:
             created = await app.client.post(
                 "/api/v1/clusters",
@@ -106,8 +107,7 @@ async def bring_up(
                 if out.ticks > 2000:
                     raise RuntimeError(f"{name}: not ready after 2000 ticks ({status})")
                 clock.advance(step_s)
-                await runner.run_once()
-                await asyncio.sleep(0.1 + size / 1000)  # the agents poll, run and report
+                await runner.step()  # every agent reports, polls, runs and answers
                 for loop in loops:
                     await loop.run_once()
             out.fake_s = (clock.now() - start_fake).total_seconds()

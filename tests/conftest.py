@@ -42,12 +42,15 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> SqliteTemplate:
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(
     request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: SqliteTemplate
-) -> str:
+) -> Iterator[str]:
     """A fresh, migrated, empty database of each dialect."""
     if request.param == "sqlite":
-        return sqlite_template.clone(tmp_path / "db")
+        yield sqlite_template.clone(tmp_path / "db")
+        return
     template: PostgresTemplate = request.getfixturevalue("pg_template")
-    return template.clone()
+    url = template.clone()
+    yield url
+    template.release(url)  # dropped in the background while the next tests run
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from gpufleet.agent.settings import AgentSettings
 from gpufleet.client.agent import AgentClient
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.enums import FindingSource
+from gpufleet.testing.waits import eventually
 
 
 class Broken:
@@ -83,11 +84,7 @@ class Running:
 
 
 async def until(predicate: Callable[[], bool]) -> None:
-    for _ in range(500):  # 5 s at most
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
+    await eventually(predicate, timeout_s=5.0)
 
 
 @pytest.fixture
@@ -116,11 +113,12 @@ async def test_server_down_then_up_every_finding_once_in_order(
     for i in range(5, 30):
         clock.advance(1)
         await run.agent.on_events([xid_event(i, clock.now())])
-    await asyncio.sleep(0.3)  # several failed retries while it is down
+    # The agent's retries run on real timers (20-100 ms): let several fail.
+    await asyncio.sleep(0.3)  # real sleep: the real agent's retry timers are under test
     assert run.agent.spool.findings.depth() == 25
     server.up()
     await until(lambda: len(server.stored) == 30)
-    await asyncio.sleep(0.1)
+    await until(lambda: run.agent.spool.findings.depth() == 0)  # all acked: nothing resent
     assert [f["evidence"] for f in server.stored] == [f"line {i}" for i in range(30)]
     seqs = [f["seq"] for f in server.stored]
     assert seqs == sorted(seqs) and len(set(seqs)) == 30

@@ -76,7 +76,7 @@ def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Idp]:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"oidc-provider did not start:\n{log_path.read_text()}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # real sleep: a real node process, started above, until it serves
         yield Idp(issuer=issuer)
     finally:
         proc.terminate()

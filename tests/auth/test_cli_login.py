@@ -37,7 +37,7 @@ async def serving(app: RunningApp) -> AsyncIterator[str]:
         while not server.started:
             if task.done():
                 task.result()
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # real sleep: uvicorn has no event to await for "started"
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True

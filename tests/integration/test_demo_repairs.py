@@ -39,6 +39,9 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
             "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.001",
             "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
             "GPUFLEET_SIM_STICKY_SHARE": "0",
+            # Agents report every second, not ten: a simulated agent takes a command at
+            # its next report, and acceptance is several commands a node, one at a time.
+            "GPUFLEET_REPORT_INTERVAL_S": "1",
         },
         log_path=tmp_path / "demo.log",
     )

@@ -230,3 +230,12 @@ async def add_finding(
     async with app.ctx.db.transaction() as session:
         session.add(row)
     return row.id
+
+
+async def member_client(app: RunningApp, project: str = "ml") -> httpx.AsyncClient:
+    """A client holding an owner's token capped to member in ``project``."""
+    created = await app.client.post(
+        "/api/v1/tokens", json={"project": project, "role": "member", "name": "member"}
+    )
+    assert created.status_code == 201, created.text
+    return app.with_token(created.json()["token"])

@@ -1,4 +1,5 @@
-"""Check runs on the sim, driven one step at a time on a fake clock.
+"""Check runs on the sim (``gpufleet.testing.fleet``), driven one step at a time on a
+fake clock, the nodes' agents played by ``CheckFleet.answer()``.
 
 ``CheckFleet.answer()`` plays every node's agent on the real agent API: it polls
 ``GET /agent/commands`` with the node's token, runs each command with the sim's check
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from apihelpers import create_project, node_tokens, ready_cluster
+from apihelpers import node_tokens
 
 from gpufleet.core.clock import FakeClock
-from gpufleet.providers.sim.driver import SimProvider
-from gpufleet.server.app import build_loops
 from gpufleet.server.services.check_backends.sim_tools import sim_host, toolbox_for
 from gpufleet.server.workers.checks import CheckRunner
 from gpufleet.sim.world import SimWorld
-from gpufleet.testing.app import RunningApp, make_settings, running_app
+from gpufleet.testing.app import RunningApp
+from gpufleet.testing.fleet import sim_fleet
 
 ENDED = {"passed", "failed", "error", "cancelled"}
 
@@ -155,30 +154,12 @@ async def check_fleet(
 ) -> AsyncIterator[CheckFleet]:
     """Project ``ml`` with a ready sim cluster ``train`` of ``size`` 8-GPU H100 nodes, no
     background faults or jobs, on a fake clock; the check runner driven by hand."""
-    clock = FakeClock(dt.datetime.now(dt.UTC).replace(microsecond=0))
-    config = make_settings(
-        data_dir=tmp_path / "data",
-        database_url=database_url,
-        sim_busy_share=(0.0, 0.0),
-        sim_fault_rate_per_gpu_day=0.0,
-        **settings,
-    )
-    async with running_app(config, clock=clock) as app:
-        await create_project(app.client, "ml")
-        cluster = await ready_cluster(app, size=size)
-        provider = app.ctx.drivers.provider("sim")
-        assert isinstance(provider, SimProvider)
-        runner = next(loop for loop in build_loops(app.ctx) if isinstance(loop, CheckRunner))
-        listed = (await app.client.get("/api/v1/nodes", params={"cluster": cluster["id"]})).json()
+    async with sim_fleet(database_url, tmp_path, size=size, **settings) as fleet:
         yield CheckFleet(
-            app=app,
-            clock=clock,
-            world=provider.world,
-            runner=runner,
-            cluster=cluster,
-            nodes={n["name"]: n for n in listed["items"]},
+            app=fleet.app,
+            clock=fleet.clock,
+            world=fleet.world,
+            runner=fleet.loop(CheckRunner),
+            cluster=fleet.cluster,
+            nodes=fleet.nodes,
         )
-
-
-def wall() -> float:
-    return time.monotonic()

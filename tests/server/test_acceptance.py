@@ -9,20 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acceptancehelpers import QUICK_SUITE, STEP_S, Bringup, bringup
-from repairhelpers import member_client
+from acceptancehelpers import QUICK_SUITE, STEP_S, bringup
+from apihelpers import member_client
 from sqlalchemy import func, select
 
 from gpufleet.core.acceptance import canonical_json
 from gpufleet.server.db.tables import AcceptanceRunRow, AuditLogRow, CheckRunRow, FindingRow
 from gpufleet.server.services.acceptance_report import entries_of
+from gpufleet.testing.fleet import SimFleet
 
 pytestmark = pytest.mark.long
 
 SCRIPTS = ["echo configured $(hostname)", "test -d /tmp && echo tmp-ok"]
 
 
-async def _create(fleet: Bringup, **body: Any) -> dict[str, Any]:
+async def _create(fleet: SimFleet, **body: Any) -> dict[str, Any]:
     response = await fleet.app.client.post(
         "/api/v1/clusters",
         json={"project": "ml", "name": "train", "size": 4, "gpus_per_node": 8, **body},
@@ -32,7 +33,7 @@ async def _create(fleet: Bringup, **body: Any) -> dict[str, Any]:
     return cluster
 
 
-async def _report(fleet: Bringup, run_id: str) -> tuple[dict[str, Any], str]:
+async def _report(fleet: SimFleet, run_id: str) -> tuple[dict[str, Any], str]:
     response = await fleet.app.client.get(f"/api/v1/acceptance/{run_id}/report.json")
     assert response.status_code == 200, response.text
     digest = hashlib.sha256(response.content).hexdigest()
@@ -49,9 +50,9 @@ async def _report(fleet: Bringup, run_id: str) -> tuple[dict[str, Any], str]:
 async def test_cluster_goes_provisioning_acceptance_ready_with_a_report(
     database_url: str, tmp_path: Path
 ) -> None:
-    # The default suite. Small ticks: each node's agent runs one command at a time, and
-    # ib_write_bw on 8 HCAs is 16 of them that must end within the check's deadline.
-    async with bringup(database_url, tmp_path, step_s=5.0) as fleet:
+    # The default suite. Each node's agent runs one command at a time, and ib_write_bw on
+    # 8 HCAs is 16 of them: a tick or two each, far inside the check's summed limits.
+    async with bringup(database_url, tmp_path, step_s=STEP_S) as fleet:
         cluster = await _create(fleet, startup_scripts=SCRIPTS)
         cid = cluster["id"]
         assert cluster["status"] == "provisioning"
@@ -63,7 +64,7 @@ async def test_cluster_goes_provisioning_acceptance_ready_with_a_report(
         # The cluster went through acceptance, and no node was in service before it passed.
         transitions = [e["data"]["to"] for e in await fleet.events(cid, "cluster.status")]
         assert transitions == ["acceptance", "ready"]
-        nodes = await fleet.nodes(cid)
+        nodes = await fleet.nodes_of(cid)
         assert {n["state"] for n in nodes.values()} == {"in_service"}
         for node in nodes.values():
             states = [
@@ -84,7 +85,7 @@ async def test_cluster_goes_provisioning_acceptance_ready_with_a_report(
             assert [d["exit_code"] for d in mine] == [0, 0]
             assert "configured" in mine[0]["stdout_tail"] and "tmp-ok" in mine[1]["stdout_tail"]
 
-        (run,) = await fleet.runs(cid)
+        (run,) = await fleet.acceptance_runs(cid)
         assert (run["trigger"], run["status"], run["failed_nodes"]) == (
             "provisioning",
             "passed",
@@ -140,7 +141,7 @@ async def test_one_bad_node_is_named_and_the_cluster_is_not_ready(
         cid = cluster["id"]
 
         async def booted() -> dict[str, Any] | None:
-            nodes = await fleet.nodes(cid)
+            nodes = await fleet.nodes_of(cid)
             bad = nodes["train-002"]
             return bad if bad["provider_instance_id"] else None
 
@@ -152,12 +153,12 @@ async def test_one_bad_node_is_named_and_the_cluster_is_not_ready(
         )
         assert settled["status"] == "degraded", await fleet.describe()
         assert "train-002" in settled["status_detail"]
-        nodes = await fleet.nodes(cid)
+        nodes = await fleet.nodes_of(cid)
         assert nodes["train-002"]["state"] == "cordoned"
         assert "acceptance failed" in nodes["train-002"]["state_detail"]
         assert {n["state"] for name, n in nodes.items() if name != "train-002"} == {"in_service"}
 
-        (run,) = await fleet.runs(cid)
+        (run,) = await fleet.acceptance_runs(cid)
         assert (run["status"], run["failed_nodes"]) == ("failed", ["train-002"])
         finished = await fleet.events(cid, "acceptance.finished")
         assert any("train-002" in e["message"] for e in finished)
@@ -206,7 +207,7 @@ async def test_a_slow_ring_waits_for_localisation_and_names_its_node(
         cid = cluster["id"]
 
         async def booted() -> dict[str, Any] | None:
-            bad = (await fleet.nodes(cid))["train-001"]
+            bad = (await fleet.nodes_of(cid))["train-001"]
             return bad if bad["provider_instance_id"] else None
 
         bad = await fleet.until(booted, what="train-001 has a machine")
@@ -215,10 +216,10 @@ async def test_a_slow_ring_waits_for_localisation_and_names_its_node(
             lambda: fleet.status_is(cid, "ready", "degraded"), ticks=400, what="cluster settled"
         )
         assert settled["status"] == "degraded", await fleet.describe()
-        nodes = await fleet.nodes(cid)
+        nodes = await fleet.nodes_of(cid)
         assert nodes["train-001"]["state"] == "cordoned", await fleet.describe()
         assert {n["state"] for name, n in nodes.items() if name != "train-001"} == {"in_service"}
-        (run,) = await fleet.runs(cid)
+        (run,) = await fleet.acceptance_runs(cid)
         assert (run["status"], run["failed_nodes"]) == ("failed", ["train-001"])
         assert "not pinned" not in run["detail"]
         async with fleet.app.ctx.db.session() as session:
@@ -265,7 +266,7 @@ async def test_a_slow_ring_nobody_is_blamed_for_runs_once_more(
             lambda: fleet.status_is(cid, "ready", "degraded"), ticks=400, what="cluster settled"
         )
         assert settled["status"] == "ready", await fleet.describe()
-        (shown,) = await fleet.runs(cid)
+        (shown,) = await fleet.acceptance_runs(cid)
         assert shown["status"] == "passed" and first not in shown["check_run_ids"]
         async with fleet.app.ctx.db.session() as session:
             done = await session.get(AcceptanceRunRow, shown["id"])
@@ -281,7 +282,7 @@ async def test_opt_out_skips_the_suite_with_an_event(database_url: str, tmp_path
         await fleet.until(lambda: fleet.status_is(cid, "ready"), what="cluster ready")
         opt_out = await fleet.events(cid, "cluster.acceptance_opt_out")
         assert len(opt_out) == 1 and opt_out[0]["data"]["acceptance_tests"] is False
-        assert await fleet.runs(cid) == []
+        assert await fleet.acceptance_runs(cid) == []
         transitions = [e["data"]["to"] for e in await fleet.events(cid, "cluster.status")]
         assert transitions == ["ready"]
         async with fleet.app.ctx.db.session() as session:
@@ -296,7 +297,7 @@ async def test_members_read_runs_and_reports_admins_run_the_suite(
         cluster = await _create(fleet, acceptance_suite=QUICK_SUITE)
         cid = cluster["id"]
         await fleet.until(lambda: fleet.status_is(cid, "ready"), what="cluster ready")
-        (first,) = await fleet.runs(cid)
+        (first,) = await fleet.acceptance_runs(cid)
         async with await member_client(fleet.app) as member:
             assert (await member.get(f"/api/v1/clusters/{cid}/acceptance")).status_code == 200
             report = await member.get(f"/api/v1/acceptance/{first['id']}/report.json")
@@ -321,7 +322,7 @@ async def test_members_read_runs_and_reports_admins_run_the_suite(
         done = await fleet.until(ended, what="the manual run ended")
         assert done["status"] == "passed", done
         assert [n["outcome"] for n in done["nodes"]] == ["pass"] * 4
-        assert (await fleet.cluster(cid))["status"] == "ready"
+        assert (await fleet.get(f"/api/v1/clusters/{cid}"))["status"] == "ready"
         pending = await fleet.app.client.get(f"/api/v1/acceptance/{manual['id']}/report.json")
         assert pending.status_code in (200, 409)
         async with fleet.app.ctx.db.session() as session:

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from apihelpers import error_of
-from repairhelpers import sim_fleet
 from sqlalchemy import func, select
 
 from gpufleet.server.db.tables import JobRow
 from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps
 from gpufleet.testing.app import RunningApp
+from gpufleet.testing.fleet import sim_fleet
 
 
 async def _job_rows(app: RunningApp) -> int:

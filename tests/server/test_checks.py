@@ -11,10 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
-from apihelpers import error_of
+from apihelpers import error_of, member_client
 from asgi_lifespan import LifespanManager
 from checkhelpers import CheckFleet, check_fleet
-from repairhelpers import member_client
 from sqlalchemy import func, select
 
 from gpufleet.checks.localise import rounds_bound

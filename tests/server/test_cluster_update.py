@@ -3,8 +3,7 @@ the opt-out is an event and an audit row, at creation and at every change."""
 
 from __future__ import annotations
 
-from apihelpers import count_rows, create_cluster, create_project, error_of
-from repairhelpers import member_client
+from apihelpers import count_rows, create_cluster, create_project, error_of, member_client
 from sqlalchemy import select
 
 from gpufleet.core.acceptance import DEFAULT_SUITE

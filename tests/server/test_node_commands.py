@@ -40,6 +40,7 @@ from gpufleet.server.services.node_commands import (
 from gpufleet.server.workers.base import LoopDeps
 from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.testing.app import RunningApp
+from gpufleet.testing.waits import eventually
 
 BOOT = "boot-1"
 
@@ -313,10 +314,7 @@ async def test_a_waiting_poll_returns_when_a_command_is_queued(app: RunningApp) 
     (node, _), tokens = await two_nodes(app)
     signals = signals_for(app.ctx.db, clock=app.ctx.clock)
     waiting = asyncio.create_task(poll(app, tokens[node["id"]], wait_s=20))
-    for _ in range(200):
-        if signals.watched:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: signals.watched, what="the poll waiting")
     assert signals.watched == 1
     queued = await run(app, node["id"], argv=["true"])
     got = await asyncio.wait_for(waiting, timeout=15)
@@ -325,10 +323,7 @@ async def test_a_waiting_poll_returns_when_a_command_is_queued(app: RunningApp) 
 
     # A cancel reaches a waiting poll too (the agent listed the command as running).
     waiting = asyncio.create_task(poll(app, tokens[node["id"]], wait_s=20, have=[queued["id"]]))
-    for _ in range(200):
-        if signals.watched:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: signals.watched, what="the poll waiting")
     await app.client.post(f"/api/v1/nodes/{node['id']}/commands/{queued['id']}/cancel")
     got = await asyncio.wait_for(waiting, timeout=15)
     assert got.json() == {"commands": [], "cancel": [queued["id"]]}
@@ -437,14 +432,18 @@ async def test_members_read_commands_admins_run_them(app: RunningApp) -> None:
 async def wait_for_status(
     app: RunningApp, node_id: str, command_id: str, statuses: set[str], timeout_s: float = 20
 ) -> dict[str, Any]:
-    for _ in range(int(timeout_s / 0.05)):
+    async def reached() -> dict[str, Any] | None:
         record = await record_of(app, node_id, command_id)
         if record["status"] in statuses and (
             record["result"] is not None or record["status"] not in {"succeeded", "failed"}
         ):
             return record
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"command {command_id} never {statuses}: {record}")
+        return None
+
+    found: dict[str, Any] = await eventually(
+        reached, timeout_s=timeout_s, poll_s=0.05, what=f"command {command_id} {statuses}"
+    )
+    return found
 
 
 async def test_the_agent_channel_runs_what_the_server_queues(
@@ -475,16 +474,16 @@ async def test_the_agent_channel_runs_what_the_server_queues(
             # A cancel reaches the running command through the poll; it is killed.
             sleeper = await run(app, node["id"], argv=["sleep", "30"])
             await wait_for_status(app, node["id"], sleeper["id"], {"sent"})
-            for _ in range(200):
-                if sleeper["id"] in channel.started:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: sleeper["id"] in channel.started, what="the sleeper started")
             await app.client.post(f"/api/v1/nodes/{node['id']}/commands/{sleeper['id']}/cancel")
-            for _ in range(400):
+
+            async def killed() -> dict[str, Any] | None:
                 record = await record_of(app, node["id"], sleeper["id"])
-                if record["result"] is not None:
-                    break
-                await asyncio.sleep(0.05)
+                return record if record["result"] is not None else None
+
+            record = await eventually(
+                killed, timeout_s=20, poll_s=0.05, what="the sleeper's late result"
+            )
             assert record["status"] == "cancelled" and record["late_result"] is True
             assert record["result"]["cancelled"] is True
             assert channel.journal.ids() == []
@@ -524,10 +523,7 @@ async def test_a_command_queued_on_another_replica_wakes_the_poll(app: RunningAp
     (node, _), tokens = await two_nodes(app)
     signals = signals_for(app.ctx.db, clock=app.ctx.clock)
     waiting = asyncio.create_task(poll(app, tokens[node["id"]], wait_s=15))
-    for _ in range(200):
-        if signals.watched:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: signals.watched, what="the poll waiting")
     # Another replica: its own engine on the same database; nothing in this process
     # hears of its commit, so only the once-a-second read of the store can wake the poll.
     other = Database(app.ctx.settings.resolved_database_url())

@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acceptancehelpers import QUICK_SUITE, STEP_S, Bringup, bringup
+from acceptancehelpers import QUICK_SUITE, STEP_S, bringup
+
+from gpufleet.testing.fleet import SimFleet
 
 pytestmark = pytest.mark.long
 
 LADDER_ABOVE_REBOOT = ("reprovision", "failover", "remove")
 
 
-async def _ready(fleet: Bringup, **body: Any) -> tuple[str, dict[str, dict[str, Any]]]:
+async def _ready(fleet: SimFleet, **body: Any) -> tuple[str, dict[str, dict[str, Any]]]:
     response = await fleet.app.client.post(
         "/api/v1/clusters",
         json={
@@ -31,10 +33,10 @@ async def _ready(fleet: Bringup, **body: Any) -> tuple[str, dict[str, dict[str, 
     assert response.status_code == 201, response.text
     cid: str = response.json()["id"]
     await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=400, what="cluster ready")
-    return cid, await fleet.nodes(cid)
+    return cid, await fleet.nodes_of(cid)
 
 
-async def _reboot(fleet: Bringup, node_id: str) -> str:
+async def _reboot(fleet: SimFleet, node_id: str) -> str:
     response = await fleet.app.client.post(
         f"/api/v1/nodes/{node_id}/actions", json={"action": "reboot", "reason": "test"}
     )
@@ -43,7 +45,7 @@ async def _reboot(fleet: Bringup, node_id: str) -> str:
     return repair_id
 
 
-async def _ended(fleet: Bringup, repair_id: str) -> dict[str, Any]:
+async def _ended(fleet: SimFleet, repair_id: str) -> dict[str, Any]:
     async def check() -> dict[str, Any] | None:
         repair: dict[str, Any] = (await fleet.app.client.get(f"/api/v1/repairs/{repair_id}")).json()
         return repair if repair["status"] in ("succeeded", "failed") else None
@@ -78,7 +80,7 @@ async def test_a_repaired_node_passes_reacceptance_before_it_is_in_service(
             ("repairing", "acceptance"),
             ("acceptance", "in_service"),
         ]
-        runs = await fleet.runs(cid)
+        runs = await fleet.acceptance_runs(cid)
         again = [r for r in runs if r["trigger"] == "repair"]
         assert [(r["repair_id"], r["status"], r["node_ids"]) for r in again] == [
             (repair_id, "passed", [node["id"]])
@@ -96,7 +98,7 @@ async def test_a_repaired_node_passes_reacceptance_before_it_is_in_service(
         assert [d["stdout_tail"] for d in ran] == ["booted\n", "booted\n"]
         steps = [e["message"] for e in await fleet.events(cid, "repair.step")]
         assert any("re-acceptance" in m for m in steps)
-        assert (await fleet.cluster(cid))["status"] == "ready"
+        assert (await fleet.get(f"/api/v1/clusters/{cid}"))["status"] == "ready"
 
 
 async def test_a_failed_reacceptance_fails_the_repair_and_the_ladder_climbs(
@@ -108,7 +110,7 @@ async def test_a_failed_reacceptance_fails_the_repair_and_the_ladder_climbs(
         repair_id = await _reboot(fleet, node["id"])
 
         async def in_reacceptance() -> bool:
-            return (await fleet.nodes(cid))["train-002"]["state"] == "acceptance"
+            return (await fleet.nodes_of(cid))["train-002"]["state"] == "acceptance"
 
         await fleet.until(in_reacceptance, ticks=200, what="re-acceptance started")
         # The node came back clean from its reboot; now its memory goes bad, before its
@@ -118,10 +120,10 @@ async def test_a_failed_reacceptance_fails_the_repair_and_the_ladder_climbs(
         assert repair["status"] == "failed", repair
         assert "re-acceptance" in repair["detail"] and "failed" in repair["detail"]
 
-        after = (await fleet.nodes(cid))["train-002"]
+        after = (await fleet.nodes_of(cid))["train-002"]
         assert after["state"] == "cordoned"
         assert after["state_detail"].startswith("re-acceptance")
-        (run,) = [r for r in await fleet.runs(cid) if r["trigger"] == "repair"]
+        (run,) = [r for r in await fleet.acceptance_runs(cid) if r["trigger"] == "repair"]
         assert (run["status"], run["failed_nodes"]) == ("failed", ["train-002"])
 
         async def next_rung() -> list[dict[str, Any]]:

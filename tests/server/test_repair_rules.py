@@ -7,20 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from apihelpers import error_of
-from repairhelpers import Fleet, sim_fleet
+
+from gpufleet.testing.fleet import SimFleet, sim_fleet
 
 
-async def _approve(fleet: Fleet, repair_id: str) -> None:
+async def _approve(fleet: SimFleet, repair_id: str) -> None:
     response = await fleet.app.client.post(f"/api/v1/repairs/{repair_id}/approve", json={})
     assert response.status_code == 200, response.text
 
 
-async def _ended(fleet: Fleet, repair_id: str) -> str | None:
+async def _ended(fleet: SimFleet, repair_id: str) -> str | None:
     status = await fleet.status_of(repair_id)
     return status if status in ("succeeded", "failed") else None
 
 
-async def _run(fleet: Fleet, repair_id: str) -> dict[str, Any]:
+async def _run(fleet: SimFleet, repair_id: str) -> dict[str, Any]:
     await fleet.until(lambda: _ended(fleet, repair_id), ticks=60, seconds=5,
                       what=f"repair {repair_id} to end")  # fmt: skip
     return await fleet.repair(repair_id)
@@ -102,7 +103,7 @@ async def test_four_nodes_behind_one_leaf_switch_are_one_incident(
         assert len(await fleet.repairs(kind="node", status="proposed")) == 4
 
 
-async def _incident(fleet: Fleet, *, members: int) -> dict[str, Any] | None:
+async def _incident(fleet: SimFleet, *, members: int) -> dict[str, Any] | None:
     items = await fleet.repairs(kind="incident", status="proposed")
     assert len(items) <= 1, items
     return items[0] if items and len(items[0]["node_ids"]) == members else None

@@ -6,16 +6,16 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from apihelpers import error_of
-from repairhelpers import Fleet, member_client, sim_fleet
+from apihelpers import error_of, member_client
 from sqlalchemy import select
 
 from gpufleet.server.db.tables import AuditLogRow, EventRow
+from gpufleet.testing.fleet import SimFleet, sim_fleet
 
 KILLED = {"NODE_FAIL", "CANCELLED", "PREEMPTED"}
 
 
-async def _timeline(fleet: Fleet, repair_id: str) -> list[str]:
+async def _timeline(fleet: SimFleet, repair_id: str) -> list[str]:
     async with fleet.app.ctx.db.session() as session:
         rows = await session.scalars(
             select(EventRow).where(EventRow.kind == "repair.status").order_by(EventRow.id)
@@ -23,7 +23,7 @@ async def _timeline(fleet: Fleet, repair_id: str) -> list[str]:
         return [r.data["to"] for r in rows if repair_id in r.message]
 
 
-def _no_job_killed(fleet: Fleet, since: dt.datetime) -> None:
+def _no_job_killed(fleet: SimFleet, since: dt.datetime) -> None:
     ended = fleet.world.accounting_since(since, cluster_id=fleet.cluster["id"])
     killed = [(j.job_id, j.state) for j in ended if j.state in KILLED]
     assert not killed, f"jobs were killed without a force: {killed}"
@@ -120,7 +120,7 @@ async def test_xid_79_is_recommended_approved_drained_rebooted_verified_and_back
         assert any(a.actor.startswith("user:") and a.detail["to"] == "approved" for a in audit)
 
 
-async def _is(fleet: Fleet, repair_id: str, status: str) -> bool:
+async def _is(fleet: SimFleet, repair_id: str, status: str) -> bool:
     return await fleet.status_of(repair_id) == status
 
 
@@ -181,7 +181,7 @@ async def test_a_worse_finding_escalates_the_pending_recommendation_in_place(
         assert len(await fleet.repairs(node=fleet.nodes["train-000"]["id"])) == 1
 
 
-async def _action_is(fleet: Fleet, repair_id: str, action: str) -> bool:
+async def _action_is(fleet: SimFleet, repair_id: str, action: str) -> bool:
     return (await fleet.repair(repair_id))["action"] == action
 
 

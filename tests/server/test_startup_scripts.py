@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from acceptancehelpers import Bringup, bringup
-from repairhelpers import member_client
+from acceptancehelpers import bringup
+from apihelpers import member_client
 
 from gpufleet.server.services.startup_scripts import DEFAULT_SCRIPT_TIMEOUT_S, script_timeout_s
+from gpufleet.testing.fleet import SimFleet
 
 
-async def _create(fleet: Bringup, scripts: list[str], **body: Any) -> dict[str, Any]:
+async def _create(fleet: SimFleet, scripts: list[str], **body: Any) -> dict[str, Any]:
     response = await fleet.app.client.post(
         "/api/v1/clusters",
         json={
@@ -31,7 +32,7 @@ async def _create(fleet: Bringup, scripts: list[str], **body: Any) -> dict[str, 
     return cluster
 
 
-async def _results(fleet: Bringup, cluster_id: str, node_id: str) -> list[dict[str, Any]]:
+async def _results(fleet: SimFleet, cluster_id: str, node_id: str) -> list[dict[str, Any]]:
     return [
         e["data"]
         for e in await fleet.events(cluster_id, "node.startup_script")
@@ -54,7 +55,7 @@ async def test_scripts_run_in_order_and_their_output_is_on_the_timeline(
         cluster = await _create(fleet, scripts)
         cid = cluster["id"]
         await fleet.until(lambda: fleet.status_is(cid, "ready"), what="cluster ready")
-        nodes = await fleet.nodes(cid)
+        nodes = await fleet.nodes_of(cid)
         for node in nodes.values():
             mine = await _results(fleet, cid, node["id"])
             assert [(d["index"], d["exit_code"], d["status"]) for d in mine] == [
@@ -78,7 +79,7 @@ async def test_a_failing_script_holds_the_node_until_an_admin_retries(
         cid = cluster["id"]
 
         async def held() -> dict[str, dict[str, Any]] | None:
-            nodes = await fleet.nodes(cid)
+            nodes = await fleet.nodes_of(cid)
             done = all("exited 3" in n["state_detail"] for n in nodes.values())
             return nodes if done else None
 
@@ -92,11 +93,11 @@ async def test_a_failing_script_holds_the_node_until_an_admin_retries(
             assert [(d["index"], d["exit_code"]) for d in mine] == [(0, 0), (1, 3)]
         for _ in range(5):  # it stays that way: no retry by itself, the third never runs
             await fleet.tick()
-        status = await fleet.cluster(cid)
+        status = await fleet.get(f"/api/v1/clusters/{cid}")
         assert status["status"] == "provisioning"
         assert "startup scripts failed on train-000, train-001" in status["status_detail"]
         assert "exited 3" in status["status_detail"]
-        for node in (await fleet.nodes(cid)).values():
+        for node in (await fleet.nodes_of(cid)).values():
             assert len(await _results(fleet, cid, node["id"])) == 2
 
         # Members cannot retry; an admin fixes the script, then retries each node.
@@ -120,7 +121,7 @@ async def test_a_failing_script_holds_the_node_until_an_admin_retries(
             assert response.status_code == 200, response.text
             assert response.json()["repair"] is None
         await fleet.until(lambda: fleet.status_is(cid, "ready"), what="cluster ready")
-        for node in (await fleet.nodes(cid)).values():
+        for node in (await fleet.nodes_of(cid)).values():
             assert (node["state"], node["state_detail"]) == ("in_service", "")
             mine = await _results(fleet, cid, node["id"])
             assert [(d["index"], d["exit_code"]) for d in mine] == [(0, 0), (1, 3), (0, 0), (1, 0)]
@@ -141,7 +142,7 @@ async def test_a_hung_script_is_killed_at_its_limit_and_fails(
         cid = cluster["id"]
 
         async def held() -> dict[str, Any] | None:
-            node = (await fleet.nodes(cid))["train-000"]
+            node = (await fleet.nodes_of(cid))["train-000"]
             return node if "timed out" in node["state_detail"] else None
 
         node = await fleet.until(held, ticks=200, what="the script killed at its limit")

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from apihelpers import count_rows, create_cluster, create_project, error_of
-from repairhelpers import member_client
+from apihelpers import count_rows, create_cluster, create_project, error_of, member_client
 
 from gpufleet.testing.app import RunningApp
 

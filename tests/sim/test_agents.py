@@ -21,6 +21,7 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.sim.agents import SimFleetRunner
 from gpufleet.sim.models import BootPlan, SimInstanceSpec
 from gpufleet.sim.world import SimWorld
+from gpufleet.testing.waits import eventually
 
 PLAN = BootPlan((10.0, 10.0))
 
@@ -152,11 +153,9 @@ def make_world(server: ReportServer, clock: FakeClock, n: int = 3) -> SimWorld:
 
 
 async def until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if cond():
-                return
-            await asyncio.sleep(0.01)
+    """The free-running agents under test report on real time (their interval); the
+    world's fake clock only dates their samples and boots."""
+    await eventually(cond, timeout_s=timeout_s)
 
 
 def seqs(batches: list[ReportBatch]) -> list[int]:
@@ -362,3 +361,31 @@ async def test_a_gpu_being_reset_is_left_out_of_reports(
     await until(lambda: len(server.by_token("node-0")) >= seen + 2)
     await runner.aclose()
     assert len(server.by_token("node-0")[-1].reports[-1].gpus) == 8
+
+
+async def test_a_step_sends_one_report_and_every_finding_change_then_nothing_runs(
+    server: ReportServer, http: httpx.AsyncClient, clock: FakeClock
+) -> None:
+    """Stepped agents (tests on a fake clock): each step is one report per agent and the
+    finding changes since the last, all sent when step() returns; no task is left."""
+    world = make_world(server, clock, n=2)
+    (first, _second) = world.list_instances()[:2]
+    runner = SimFleetRunner(world, http=http, seed=10)
+    await runner.step()
+    assert [len(server.by_token(f"node-{i}")) for i in range(2)] == [1, 1]
+    assert runner.stats().agents == 2 and runner.stats().batches_sent == 2
+    world.inject_fault(first.instance_id, signature_id="xid-79", gpu_index=1)
+    clock.advance(30)
+    await runner.step()
+    assert [len(server.by_token(f"node-{i}")) for i in range(2)] == [2, 2]
+    assert [(t, f.signature_id, f.state) for t, f in server.findings] == [
+        ("node-0", "xid-79", FindingState.OPEN)
+    ]
+    batches = server.by_token("node-0")
+    assert batches[0].identity is not None and batches[1].identity is None
+    assert batches[1].reports[0].sampled_at == clock.now()
+    assert [g.index for g in batches[1].reports[0].gpus] == [0, 2, 3, 4, 5, 6, 7]  # off the bus
+    with pytest.raises(RuntimeError, match="stepped"):
+        await runner.run_once()  # one way to run a runner's agents, not both
+    await runner.aclose()
+    assert runner.stats().agents == 0

@@ -8,23 +8,13 @@ world's (fake) clock reaches the program's end — or its timeout.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from gpufleet.core.agent_protocol import AGENT_RESTARTED, script_argv
-from gpufleet.core.clock import FakeClock
 from gpufleet.core.ids import new_id
-from gpufleet.providers.sim.driver import SimProvider
-from gpufleet.server.app import build_loops
-from gpufleet.sim.agents import SimFleetRunner
 from gpufleet.sim.models import BootPlan, SimInstance, SimInstanceSpec
 from gpufleet.sim.programs import (
     NOT_FOUND,
@@ -34,7 +24,7 @@ from gpufleet.sim.programs import (
     ProgramResult,
 )
 from gpufleet.sim.world import SimWorld
-from gpufleet.testing.app import RunningApp, make_settings, running_app
+from gpufleet.testing.fleet import SimFleet, sim_fleet
 
 PLAN = BootPlan((0.0, 0.0))
 
@@ -143,88 +133,40 @@ def test_a_program_sees_its_hosts_and_their_faults(world: SimWorld) -> None:
     assert crashed.exit_code == SOFTWARE_ERROR and "no such GPU" in crashed.stderr
 
 
-# -- end to end: server, simulated agents, fake clock -----------------------------------
+# -- end to end: server, simulated agents stepped on a fake clock ----------------------
 
 
-@dataclass
-class SimCluster:
-    app: RunningApp
-    clock: FakeClock
-    world: SimWorld
-    runner: SimFleetRunner
-    nodes: dict[str, dict[str, Any]]  # by name
-
-    async def tick(self, seconds: float = 0.0) -> None:
-        self.clock.advance(seconds)
-        await self.runner.run_once()
-        await asyncio.sleep(0.1)  # the agents report and poll (real time, every 20 ms)
-
-    async def run(self, node: str, argv: list[str], **body: Any) -> str:
-        response = await self.app.client.post(
-            f"/api/v1/nodes/{self.nodes[node]['id']}/commands",
-            json={"argv": argv, "timeout_s": 300, **body},
-        )
-        assert response.status_code == 201, response.text
-        command_id: str = response.json()["id"]
-        return command_id
-
-    async def record(self, node: str, command_id: str) -> dict[str, Any]:
-        response = await self.app.client.get(
-            f"/api/v1/nodes/{self.nodes[node]['id']}/commands/{command_id}"
-        )
-        assert response.status_code == 200, response.text
-        body: dict[str, Any] = response.json()
-        return body
-
-    async def ended(self, node: str, command_id: str, *, ticks: int = 100) -> dict[str, Any]:
-        for _ in range(ticks):
-            record = await self.record(node, command_id)
-            if record["result"] is not None:
-                return record
-            await self.tick()
-        raise AssertionError(f"no result: {record}")
-
-
-@asynccontextmanager
-async def sim_cluster(
-    database_url: str, tmp_path: Path, programs: ProgramRegistry
-) -> AsyncIterator[SimCluster]:
-    clock = FakeClock(dt.datetime.now(dt.UTC).replace(microsecond=0))
-    settings = make_settings(
-        data_dir=tmp_path / "data",
-        database_url=database_url,
-        report_interval_s=0.02,
-        sim_busy_share=(0.0, 0.0),
-        sim_fault_rate_per_gpu_day=0.0,
+async def _run(fleet: SimFleet, node: str, argv: list[str], **body: Any) -> str:
+    response = await fleet.app.client.post(
+        f"/api/v1/nodes/{fleet.nodes[node]['id']}/commands",
+        json={"argv": argv, "timeout_s": 300, **body},
     )
-    async with running_app(settings, clock=clock) as app:
-        assert (await app.client.post("/api/v1/projects", json={"name": "ml"})).status_code == 201
-        created = await app.client.post(
-            "/api/v1/clusters",
-            json={"project": "ml", "name": "train", "size": 2, "acceptance_tests": False},
-        )
-        assert created.status_code == 201, created.text
-        cluster = created.json()
-        loops = build_loops(app.ctx)
-        for _ in range(6):
-            for loop in loops:
-                await loop.run_once()
-        provider = app.ctx.drivers.provider("sim")
-        assert isinstance(provider, SimProvider)
-        listed = await app.client.get("/api/v1/nodes", params={"cluster": cluster["id"]})
-        nodes = {n["name"]: n for n in listed.json()["items"]}
-        assert {n["state"] for n in nodes.values()} == {"in_service"}, nodes
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app.app))
-        runner = SimFleetRunner(
-            provider.world, http=http, report_interval_s=0.02, seed=1, programs=programs
-        )
-        try:
-            fleet = SimCluster(app, clock, provider.world, runner, nodes)
-            await fleet.tick()
-            yield fleet
-        finally:
-            await runner.aclose()
-            await http.aclose()
+    assert response.status_code == 201, response.text
+    command_id: str = response.json()["id"]
+    return command_id
+
+
+async def _record(fleet: SimFleet, node: str, command_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = await fleet.get(
+        f"/api/v1/nodes/{fleet.nodes[node]['id']}/commands/{command_id}"
+    )
+    return body
+
+
+async def _ended(fleet: SimFleet, node: str, command_id: str) -> dict[str, Any]:
+    async def result() -> dict[str, Any] | None:
+        record = await _record(fleet, node, command_id)
+        return record if record["result"] is not None else None
+
+    ended: dict[str, Any] = await fleet.until(result, ticks=100, what=f"{command_id}'s result")
+    return ended
+
+
+async def _sent(fleet: SimFleet, node: str, command_id: str) -> None:
+    async def taken() -> bool:
+        return (await _record(fleet, node, command_id))["status"] == "sent"
+
+    await fleet.until(taken, ticks=50, what=f"{command_id} taken")
 
 
 async def test_simulated_agents_run_commands_on_the_sim_clock(
@@ -238,35 +180,32 @@ async def test_simulated_agents_run_commands_on_the_sim_clock(
         return ProgramResult(226 if faulty else 0, text, duration_s=1200.0)
 
     programs.register("dcgmi", dcgmi)
-    async with sim_cluster(database_url, tmp_path, programs) as fleet:
+    async with sim_fleet(database_url, tmp_path, step_s=0.0, programs=programs) as fleet:
         a, b = sorted(fleet.nodes)
-        echo = await fleet.run(a, ["echo", "hello"])
-        done = await fleet.ended(a, echo)
+        echo = await _run(fleet, a, ["echo", "hello"])
+        done = await _ended(fleet, a, echo)
         assert done["status"] == "succeeded" and done["result"]["stdout"] == "hello\n"
         assert done["agent_boot_id"].startswith("sim-")
 
-        script = await fleet.run(b, script_argv("echo ok"))
-        exit3 = await fleet.run(a, script_argv("echo failing >&2; exit 3"))
-        assert (await fleet.ended(b, script))["result"]["stdout"] == "ok\n"
-        failed = await fleet.ended(a, exit3)
+        script = await _run(fleet, b, script_argv("echo ok"))
+        exit3 = await _run(fleet, a, script_argv("echo failing >&2; exit 3"))
+        assert (await _ended(fleet, b, script))["result"]["stdout"] == "ok\n"
+        failed = await _ended(fleet, a, exit3)
         assert failed["status"] == "failed" and failed["result"]["exit_code"] == 3
         assert failed["result"]["stderr"] == "failing\n"
-        unknown = await fleet.ended(a, await fleet.run(a, ["nvidia-smi", "-q"]))
+        unknown = await _ended(fleet, a, await _run(fleet, a, ["nvidia-smi", "-q"]))
         assert unknown["status"] == "failed" and unknown["result"]["exit_code"] == 127
 
         # A 20-minute diagnostic ends 20 minutes later on the world's clock, and follows
         # the faults injected into the node.
         instance = next(i for i in fleet.world.list_instances() if i.node_name == b).instance_id
         fleet.world.inject_fault(instance, signature_id="xid-48", gpu_index=5)
-        diag = await fleet.run(b, ["dcgmi", "diag", "-r", "3", "-j"], timeout_s=3600)
-        for _ in range(50):
-            if (await fleet.record(b, diag))["status"] == "sent":
-                break
-            await fleet.tick()
+        diag = await _run(fleet, b, ["dcgmi", "diag", "-r", "3", "-j"], timeout_s=3600)
+        await _sent(fleet, b, diag)
         await fleet.tick(1199)
-        assert (await fleet.record(b, diag))["result"] is None
+        assert (await _record(fleet, b, diag))["result"] is None
         await fleet.tick(2)
-        ended = await fleet.ended(b, diag)
+        ended = await _ended(fleet, b, diag)
         assert ended["status"] == "failed" and ended["result"]["exit_code"] == 226
         assert ended["result"]["stdout"] == f"diag on {fleet.nodes[b]['hostname']}: FAIL [5]\n"
         took = dt.datetime.fromisoformat(
@@ -275,13 +214,10 @@ async def test_simulated_agents_run_commands_on_the_sim_clock(
         assert took == dt.timedelta(seconds=1200)
 
         # Past its timeout: timed out at the timeout, killed as the real agent would.
-        sleeper = await fleet.run(a, ["sleep", "600"], timeout_s=60)
-        for _ in range(50):
-            if (await fleet.record(a, sleeper))["status"] == "sent":
-                break
-            await fleet.tick()
+        sleeper = await _run(fleet, a, ["sleep", "600"], timeout_s=60)
+        await _sent(fleet, a, sleeper)
         await fleet.tick(61)
-        timed = await fleet.ended(a, sleeper)
+        timed = await _ended(fleet, a, sleeper)
         assert timed["status"] == "timed_out" and timed["result"]["signal"] == 15
         assert fleet.runner.stats().commands_run >= 6
 
@@ -289,16 +225,41 @@ async def test_simulated_agents_run_commands_on_the_sim_clock(
 async def test_a_reboot_under_a_command_reports_it_failed(
     database_url: str, tmp_path: Path
 ) -> None:
-    async with sim_cluster(database_url, tmp_path, ProgramRegistry()) as fleet:
+    async with sim_fleet(database_url, tmp_path, step_s=0.0, programs=ProgramRegistry()) as fleet:
         node = sorted(fleet.nodes)[0]
-        long = await fleet.run(node, ["sleep", "3600"], timeout_s=7200)
-        for _ in range(50):
-            if (await fleet.record(node, long))["status"] == "sent":
-                break
-            await fleet.tick()
+        long = await _run(fleet, node, ["sleep", "3600"], timeout_s=7200)
+        await _sent(fleet, node, long)
         instance = next(i for i in fleet.world.list_instances() if i.node_name == node)
         fleet.world.reboot(instance.instance_id, plan=BootPlan((5.0, 5.0)))
         await fleet.tick(6)
-        record = await fleet.ended(node, long)
+        record = await _ended(fleet, node, long)
         assert record["status"] == "failed" and record["result"]["error"] == AGENT_RESTARTED
         assert record["result"]["agent_boot_id"].endswith(f"-{instance.boot_id + 1}")
+
+
+async def test_a_cancel_reaches_a_running_command_and_queued_ones_run_back_to_back(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with sim_fleet(database_url, tmp_path, step_s=0.0, programs=ProgramRegistry()) as fleet:
+        node = sorted(fleet.nodes)[0]
+        long = await _run(fleet, node, ["sleep", "600"], timeout_s=3600)
+        await _sent(fleet, node, long)
+        await fleet.tick(10)
+        response = await fleet.app.client.post(
+            f"/api/v1/nodes/{fleet.nodes[node]['id']}/commands/{long}/cancel"
+        )
+        assert response.status_code == 200, response.text
+        # One step: the poll brings the cancel, the run is killed now, its result goes out.
+        await fleet.tick(0)
+        record = await _record(fleet, node, long)
+        assert record["status"] == "cancelled" and record["result"]["cancelled"] is True
+        took = dt.datetime.fromisoformat(
+            record["result"]["finished_at"]
+        ) - dt.datetime.fromisoformat(record["result"]["started_at"])
+        assert took == dt.timedelta(seconds=10)
+        # Three instant commands, one at a time as the agent runs them: all in one step.
+        queued = [await _run(fleet, node, ["echo", str(i)]) for i in range(3)]
+        await fleet.tick(0)
+        for i, command_id in enumerate(queued):
+            done = await _record(fleet, node, command_id)
+            assert done["status"] == "succeeded" and done["result"]["stdout"] == f"{i}\n"

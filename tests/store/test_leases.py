@@ -9,6 +9,7 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.leases import acquire_lease, lease_holder, release_lease
 from gpufleet.server.workers.base import LoopDeps, LoopService
+from gpufleet.testing.waits import eventually
 
 
 async def test_only_one_owner_holds_a_lease_until_it_expires(database_url: str) -> None:
@@ -75,7 +76,8 @@ async def test_loops_on_two_replicas_run_on_one(database_url: str) -> None:
     stop = asyncio.Event()
     try:
         tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
-        await asyncio.sleep(0.5)
+        # Twenty passes of the holder: the other asked for the lease as often meanwhile.
+        await eventually(lambda: max(loop.ran for loop in loops) >= 20, what="twenty passes")
         # Counted before stopping: the holder releases its lease as it stops, and the
         # other may then take it over for a last pass (as a standby replica should).
         ran = sorted(loop.ran for loop in loops)

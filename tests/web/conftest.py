@@ -8,17 +8,20 @@ from pathlib import Path
 
 import httpx
 import pytest
-from webhelpers import Fleet, browser, log_in, sim_fleet
+from webhelpers import APP_URL, browser, log_in
+
+from gpufleet.testing.fleet import SimFleet, sim_fleet
 
 
 @pytest.fixture
-async def fleet(database_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
-    async with sim_fleet(database_url, tmp_path) as running:
+async def fleet(database_url: str, tmp_path: Path) -> AsyncIterator[SimFleet]:
+    """Project ``ml`` with a ready cluster ``train`` of three 8-GPU nodes."""
+    async with sim_fleet(database_url, tmp_path, size=3, public_url=APP_URL) as running:
         yield running
 
 
 @pytest.fixture
-async def admin(fleet: Fleet) -> AsyncIterator[httpx.AsyncClient]:
+async def admin(fleet: SimFleet) -> AsyncIterator[httpx.AsyncClient]:
     """The platform owner's browser, logged in with the owner's token."""
     async with browser(fleet.app) as client:
         response = await log_in(client, fleet.app.owner_token)

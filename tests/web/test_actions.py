@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import httpx
 from sqlalchemy import func, select, update
-from webhelpers import Fleet, browser, hidden, log_in, member_token
+from webhelpers import browser, hidden, log_in, member_token
 
 from gpufleet.server.db.tables import ApiTokenRow, AuditLogRow, RepairRow
+from gpufleet.testing.fleet import SimFleet
 
 
 async def _csrf(client: httpx.AsyncClient, path: str) -> str:
@@ -17,12 +18,12 @@ async def _csrf(client: httpx.AsyncClient, path: str) -> str:
     return hidden(page.text, "csrf")
 
 
-async def _repair_status(fleet: Fleet, repair_id: str) -> str:
+async def _repair_status(fleet: SimFleet, repair_id: str) -> str:
     return str((await fleet.repair(repair_id))["status"])
 
 
 async def test_a_form_without_its_csrf_token_changes_nothing(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     await fleet.inject("train-001", "xid-79")
     repair = await fleet.until(lambda: fleet.proposed_for("train-001"), what="a proposal")
@@ -49,7 +50,7 @@ async def test_a_form_without_its_csrf_token_changes_nothing(
 
 
 async def test_node_actions_and_repair_decisions_work_without_javascript(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     base = f"/clusters/{fleet.cluster_id}"
     node = fleet.nodes["train-002"]["id"]
@@ -121,7 +122,7 @@ async def test_node_actions_and_repair_decisions_work_without_javascript(
     assert (cluster["autoscale_min"], cluster["autoscale_max"]) == (1, 8)
 
 
-async def test_a_member_gets_no_approve_button_and_is_refused_everywhere(fleet: Fleet) -> None:
+async def test_a_member_gets_no_approve_button_and_is_refused_everywhere(fleet: SimFleet) -> None:
     await fleet.inject("train-001", "xid-79")
     repair = await fleet.until(lambda: fleet.proposed_for("train-001"), what="a proposal")
     base = f"/clusters/{fleet.cluster_id}"
@@ -158,7 +159,7 @@ async def test_a_member_gets_no_approve_button_and_is_refused_everywhere(fleet: 
     assert status == "proposed" and not approvals
 
 
-async def test_login_by_token(fleet: Fleet) -> None:
+async def test_login_by_token(fleet: SimFleet) -> None:
     async with browser(fleet.app) as client:
         bad = await log_in(client, "gpf_not-a-token")
         assert bad.status_code == 401 and "invalid or revoked token" in bad.text
@@ -188,7 +189,7 @@ async def test_login_by_token(fleet: Fleet) -> None:
         assert (await replay.get("/")).status_code == 303
 
 
-async def test_a_token_session_has_the_token_scope_and_ends_with_it(fleet: Fleet) -> None:
+async def test_a_token_session_has_the_token_scope_and_ends_with_it(fleet: SimFleet) -> None:
     """The owner's member-scoped token gives a member's console, not the owner's; revoking
     the token ends the session at once."""
     created = await fleet.app.client.post(

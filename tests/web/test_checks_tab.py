@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 
 import httpx
-from webhelpers import Fleet, browser, hidden, log_in, member_token
+from webhelpers import browser, hidden, log_in, member_token
+
+from gpufleet.testing.fleet import SimFleet
 
 
-async def test_a_member_runs_a_check_and_reads_its_verdict(fleet: Fleet) -> None:
+async def test_a_member_runs_a_check_and_reads_its_verdict(fleet: SimFleet) -> None:
     base = f"/clusters/{fleet.cluster_id}"
     async with browser(fleet.app) as member:
         assert (await log_in(member, await member_token(fleet.app))).status_code == 303
@@ -50,7 +52,7 @@ async def test_a_member_runs_a_check_and_reads_its_verdict(fleet: Fleet) -> None
 
 
 async def test_acceptance_reports_are_listed_and_download(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     started = await fleet.app.client.post(
         f"/api/v1/clusters/{fleet.cluster_id}/acceptance",

@@ -8,14 +8,15 @@ from typing import Any
 
 import httpx
 from sqlalchemy import update
-from webhelpers import NO_EVENT, Fleet
+from webhelpers import NO_EVENT
 
 from gpufleet.server.db.tables import GpuRow
 from gpufleet.server.services.health_grid import CELL_OF_HEALTH
 from gpufleet.server.web.live import GridCache
+from gpufleet.testing.fleet import SimFleet
 
 
-async def _poll(client: httpx.AsyncClient, fleet: Fleet, **params: str) -> dict[str, Any]:
+async def _poll(client: httpx.AsyncClient, fleet: SimFleet, **params: str) -> dict[str, Any]:
     response = await client.get(f"/clusters/{fleet.cluster_id}/live", params=params)
     assert response.status_code == 200, response.text
     assert response.headers["cache-control"] == "no-store"
@@ -24,7 +25,7 @@ async def _poll(client: httpx.AsyncClient, fleet: Fleet, **params: str) -> dict[
 
 
 async def test_a_fault_changes_one_cell_and_arrives_as_an_event(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     fleet.app.app.state.console_grids = GridCache(ttl_s=0.0)  # every poll reads the store
     page = (await admin.get(f"/clusters/{fleet.cluster_id}/health")).text
@@ -59,7 +60,7 @@ async def test_a_fault_changes_one_cell_and_arrives_as_an_event(
 
 
 async def test_versions_tell_the_page_what_to_refresh(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     node = fleet.nodes["train-000"]["id"]
     before = await _poll(admin, fleet, after=NO_EVENT, node=node)
@@ -75,7 +76,7 @@ async def test_versions_tell_the_page_what_to_refresh(
     assert all("train-000" not in e for e in others["events"])
 
 
-async def test_bad_poll_parameters_are_refused(fleet: Fleet, admin: httpx.AsyncClient) -> None:
+async def test_bad_poll_parameters_are_refused(fleet: SimFleet, admin: httpx.AsyncClient) -> None:
     for params in ({"after": "yesterday"}, {"node": "x"}):
         response = await admin.get(f"/clusters/{fleet.cluster_id}/live", params=params)
         assert response.status_code == 422
@@ -83,7 +84,7 @@ async def test_bad_poll_parameters_are_refused(fleet: Fleet, admin: httpx.AsyncC
 
 
 async def test_a_gpu_gone_from_the_middle_is_shown_missing(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     fleet.app.app.state.console_grids = GridCache(ttl_s=0.0)
     before = await _poll(admin, fleet, grid="0" * 24)

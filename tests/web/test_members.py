@@ -5,17 +5,19 @@ keeps its last admin."""
 from __future__ import annotations
 
 import httpx
-from webhelpers import Fleet, browser, hidden, log_in, member_token
+from webhelpers import browser, hidden, log_in, member_token
+
+from gpufleet.testing.fleet import SimFleet
 
 
-async def _members(fleet: Fleet) -> dict[str, str]:
+async def _members(fleet: SimFleet) -> dict[str, str]:
     response = await fleet.app.client.get("/api/v1/projects/ml/members")
     assert response.status_code == 200, response.text
     return {m["user_name"]: m["role"] for m in response.json()}
 
 
 async def test_an_admin_manages_members_from_the_console(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     created = await fleet.app.client.post("/api/v1/users", json={"name": "bob"})
     assert created.status_code == 201, created.text
@@ -52,7 +54,7 @@ async def test_an_admin_manages_members_from_the_console(
     assert 'href="/projects/ml/members"' in last.text  # the way back
 
 
-async def test_a_member_reads_the_members_page_and_changes_nothing(fleet: Fleet) -> None:
+async def test_a_member_reads_the_members_page_and_changes_nothing(fleet: SimFleet) -> None:
     async with browser(fleet.app) as member:
         assert (await log_in(member, await member_token(fleet.app))).status_code == 303
         page = await member.get("/projects/ml/members")

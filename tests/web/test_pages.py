@@ -8,12 +8,14 @@ import re
 
 import httpx
 import pytest
-from webhelpers import Fleet, browser, log_in, member_token
+from webhelpers import browser, log_in, member_token
+
+from gpufleet.testing.fleet import SimFleet
 
 TABS = ("health", "utilization", "events", "configuration", "nodes", "repairs", "checks")
 
 
-async def _pages(fleet: Fleet) -> list[str]:
+async def _pages(fleet: SimFleet) -> list[str]:
     base = f"/clusters/{fleet.cluster_id}"
     node = fleet.nodes["train-001"]["id"]
     return [
@@ -29,7 +31,7 @@ async def _pages(fleet: Fleet) -> list[str]:
 
 
 async def test_every_page_renders_for_admin_and_member(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     await fleet.inject("train-001", "xid-79", gpu_index=2)
     repair = await fleet.until(lambda: fleet.proposed_for("train-001"), what="a proposal")
@@ -66,7 +68,7 @@ async def test_every_page_renders_for_admin_and_member(
         assert "Only project admins can change" in (await member.get(f"{base}/configuration")).text
 
 
-async def test_other_projects_do_not_exist_for_a_member(fleet: Fleet) -> None:
+async def test_other_projects_do_not_exist_for_a_member(fleet: SimFleet) -> None:
     created = await fleet.app.client.post("/api/v1/projects", json={"name": "skunkworks"})
     assert created.status_code == 201, created.text
     other = await fleet.app.client.post(
@@ -97,7 +99,7 @@ async def test_other_projects_do_not_exist_for_a_member(fleet: Fleet) -> None:
 
 
 @pytest.mark.parametrize("path", ["/", "/projects/ml", "/clusters/{cluster}/health"])
-async def test_no_session_goes_to_the_login_page_and_back(fleet: Fleet, path: str) -> None:
+async def test_no_session_goes_to_the_login_page_and_back(fleet: SimFleet, path: str) -> None:
     path = path.format(cluster=fleet.cluster_id)
     async with browser(fleet.app) as anonymous:
         response = await anonymous.get(path)
@@ -110,7 +112,7 @@ async def test_no_session_goes_to_the_login_page_and_back(fleet: Fleet, path: st
         assert (await anonymous.get(path)).status_code == 200
 
 
-async def test_static_files_are_served(fleet: Fleet) -> None:
+async def test_static_files_are_served(fleet: SimFleet) -> None:
     async with browser(fleet.app) as client:
         for name, kind in (("console.css", "text/css"), ("console.js", "javascript")):
             response = await client.get(f"/static/{name}")
@@ -118,7 +120,7 @@ async def test_static_files_are_served(fleet: Fleet) -> None:
 
 
 async def test_pages_are_compressed_when_the_browser_accepts_it(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     path = f"/clusters/{fleet.cluster_id}/health"
     response = await admin.get(path, headers={"accept-encoding": "gzip"})
@@ -129,7 +131,7 @@ async def test_pages_are_compressed_when_the_browser_accepts_it(
 
 
 async def test_a_page_that_does_not_exist_is_an_html_404(
-    fleet: Fleet, admin: httpx.AsyncClient
+    fleet: SimFleet, admin: httpx.AsyncClient
 ) -> None:
     for path in (f"/clusters/{fleet.cluster_id}/nope", "/projects/ml/nope/deeper"):
         response = await admin.get(path)

@@ -1,8 +1,15 @@
 """``SimFleetRunner``: one simulated node agent per running sim instance, in one process.
 
 Each agent speaks the real agent protocol over HTTP, through the same ``AgentClient`` as
-the real agent, so the server cannot tell them apart. A supervising loop moves the world's
+the real agent, so the server cannot tell them apart. A supervising pass moves the world's
 workload and starts or stops agents as instances boot, reboot and go away.
+
+Two ways to run them, sharing every step (``sim/reports.py``, ``sim/findings.py``,
+``sim/commands.py``): ``run()``/``run_once()`` start each agent as tasks that report,
+send findings and take commands on their own, in real time (the demo, the server's
+embedded agents); ``step()`` runs no task: it supervises, then makes every agent do at
+once what it would do before the world's clock moves again — one report, its finding
+changes, its commands — and returns when all of it is done (tests on a fake clock).
 """
 
 from __future__ import annotations
@@ -11,33 +18,23 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
 from gpufleet.client.agent import AgentClient
-from gpufleet.client.errors import ApiError, ServerUnreachable
-from gpufleet.core.agent_protocol import GpuSample, NodeIdentity, NodeReport, ReportBatch
-from gpufleet.core.clock import Clock
-from gpufleet.sim.commands import SimCommandState, run_commands
-from gpufleet.sim.faults import SimFault, apply_effects
-from gpufleet.sim.findings import FindingSender, run_sender
+from gpufleet.client.errors import ApiError
+from gpufleet.sim.commands import CommandStepper, SimCommandState, run_commands
+from gpufleet.sim.faults import SimFault
+from gpufleet.sim.findings import FindingSender, run_sender, send_pass
 from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance, SimInstanceState
 from gpufleet.sim.programs import PROGRAMS, ProgramRegistry
-from gpufleet.sim.telemetry import (
-    GpuTelemetry,
-    gpu_model_or_default,
-    initial_telemetry,
-    next_telemetry,
-)
+from gpufleet.sim.reports import AgentCounters, NodeSampler, ReportSender
 from gpufleet.sim.world import SimWorld
 
 log = logging.getLogger(__name__)
 
-AGENT_VERSION = "sim-0.1.0"
 AgentKey = tuple[str, int]  # (instance id, boot id): a reboot is a new agent process
 
 
@@ -53,14 +50,85 @@ class FleetStats:
     commands_run: int = 0  # commands the agents ran to an end (results may be unsent)
 
 
-class _Counters:
-    def __init__(self) -> None:
-        self.batches = 0
-        self.reports = 0
-        self.duplicates = 0
-        self.errors = 0
-        self.unauthorized = 0
-        self.findings = 0
+class _TokenHolder:
+    """An agent's client, made again from user_data when the server refuses its token
+    (the control plane may have rotated it)."""
+
+    def __init__(
+        self, runner: SimFleetRunner, instance: SimInstance, counters: AgentCounters
+    ) -> None:
+        self._runner = runner
+        self._iid = instance.instance_id
+        self._counters = counters
+        self.client = runner.client_for(instance)
+
+    def __call__(self) -> AgentClient:
+        return self.client
+
+    def on_error(self, exc: Exception) -> None:
+        self._counters.errors += 1
+        if isinstance(exc, ApiError) and exc.status == 401:
+            self._counters.unauthorized += 1
+            fresh = self._runner.world.get_instance(self._iid)
+            if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
+                self.client = self._runner.client_for(fresh)
+
+
+class _SteppedAgent:
+    """One boot of one machine's agent, moved by ``SimFleetRunner.step()``."""
+
+    def __init__(self, runner: SimFleetRunner, instance: SimInstance, *, http: httpx.AsyncClient):
+        self._runner = runner
+        self._instance = instance
+        iid = instance.instance_id
+        clock = runner.world.clock
+        self._findings = _TokenHolder(runner, instance, runner.counters)
+        self._sender = runner.finding_sender(iid)
+        self._reports = ReportSender(
+            instance,
+            sampler=NodeSampler(
+                instance,
+                clock=clock,
+                rng=random.Random(runner.rng.getrandbits(64)),
+                seconds=lambda: clock.now().timestamp(),
+            ),
+            world=runner.world,
+            http=http,
+            counters=runner.counters,
+            interval_s=runner.report_interval_s,
+            max_unsent=runner.max_unsent_reports,
+        )
+        commands = _TokenHolder(runner, instance, runner.counters)
+        self._state = runner.command_state(iid)
+        self._commands = CommandStepper(
+            instance,
+            state=self._state,
+            client=commands,
+            world=runner.world,
+            programs=runner.programs,
+            on_error=commands.on_error,
+            time_scale=runner.program_time_scale,
+        )
+
+    async def step(self) -> None:
+        runner, iid = self._runner, self._instance.instance_id
+        await send_pass(
+            self._sender,
+            instance=self._instance,
+            faults_of=lambda: runner.faults_of(iid),
+            now=runner.world.clock.now,
+            client=self._findings,
+            on_error=self._findings.on_error,
+            on_sent=runner.count_findings,
+        )
+        waiting = await self._reports.send_once(
+            busy=iid in runner.busy,
+            faults=runner.active_faults.get(iid, ()),
+            resetting=runner.resetting.get(iid, frozenset()),
+        )
+        if waiting:
+            self._state.wake.set()
+        await self._commands.step()
 
 
 class SimFleetRunner:
@@ -78,35 +146,36 @@ class SimFleetRunner:
         programs: ProgramRegistry | None = None,
         program_time_scale: float = 1.0,
     ) -> None:
-        self._world = world
+        self.world = world
         # Programs take this share of what the real tools would (a demo: DCGM level 3 in
         # seconds rather than 15 minutes).
-        self._program_time_scale = program_time_scale
+        self.program_time_scale = program_time_scale
         self._http = http
         self._own_http = False
-        self._interval_s = report_interval_s
+        self.report_interval_s = report_interval_s
         self._supervise_s = supervise_interval_s
-        self._max_unsent = max_unsent_reports
-        self._rng = random.Random(seed)
+        self.max_unsent_reports = max_unsent_reports
+        self.rng = random.Random(seed)
         self._tasks: dict[AgentKey, asyncio.Task[None]] = {}
-        self._busy: frozenset[str] = frozenset()
-        self._counters = _Counters()
+        self._stepped: dict[AgentKey, _SteppedAgent] = {}
+        self.busy: frozenset[str] = frozenset()
+        self.counters = AgentCounters()
         # Per machine, across its reboots: the finding queue, and the event that wakes its
         # agent the moment a fault changes (set from the world's listener, on any thread).
         self._senders: dict[str, FindingSender] = {}
         self._wakes: dict[str, asyncio.Event] = {}
-        self._faults: dict[str, tuple[SimFault, ...]] = {}
-        self._resetting: dict[str, frozenset[int]] = {}  # GPUs off the bus for a reset
+        self.active_faults: dict[str, tuple[SimFault, ...]] = {}
+        self.resetting: dict[str, frozenset[int]] = {}  # GPUs off the bus for a reset
         # Per machine, across its reboots: the commands its agent runs (sim/commands.py).
-        self._programs = programs or PROGRAMS
+        self.programs = programs or PROGRAMS
         self._commands: dict[str, SimCommandState] = {}
         self._listener: Callable[[str], None] | None = None
 
     def stats(self) -> FleetStats:
         """Counters since this runner started."""
-        c = self._counters
+        c = self.counters
         return FleetStats(
-            agents=sum(1 for t in self._tasks.values() if not t.done()),
+            agents=sum(1 for t in self._tasks.values() if not t.done()) + len(self._stepped),
             batches_sent=c.batches,
             reports_sent=c.reports,
             duplicates=c.duplicates,
@@ -130,48 +199,73 @@ class SimFleetRunner:
             await self.aclose()
 
     async def run_once(self) -> None:
-        """One supervising pass: move the workload, start and stop agents."""
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_connections=64))
-            self._own_http = True
-        if self._listener is None:
-            self._listener = self._listen(asyncio.get_running_loop())
-            self._world.add_fault_listener(self._listener)
-        # In a thread: advance may rewrite the state file, which must not stall the loop.
-        await asyncio.to_thread(self._world.advance)
-        # One snapshot per pass, so agents never take the world's lock per report.
-        self._busy = self._world.busy_instance_ids()
-        self._faults = self._world.active_faults()
-        self._resetting = self._world.resetting_gpus()
-        wanted = {
-            (i.instance_id, i.boot_id): i
-            for i in self._world.list_instances()
-            if i.state is SimInstanceState.RUNNING
-            and USER_DATA_URL in i.user_data
-            and USER_DATA_TOKEN in i.user_data
-        }
+        """One supervising pass: move the workload, start and stop agents (as tasks)."""
+        if self._stepped:
+            raise RuntimeError("this runner's agents are stepped: call step(), not run_once()")
+        wanted = await self._supervise()
         for key, task in list(self._tasks.items()):
             if key not in wanted or task.done():
                 if not task.done():
                     task.cancel()
                 del self._tasks[key]
-        live = {i.instance_id for i in self._world.list_instances()}
-        for iid in [i for i in self._senders if i not in live]:
-            del self._senders[iid]
-            self._wakes.pop(iid, None)
-        for iid in [i for i in self._commands if i not in live]:
-            del self._commands[iid]
         for key, instance in wanted.items():
             if key not in self._tasks:
                 self._tasks[key] = asyncio.create_task(
                     self._agent(instance), name=f"sim-agent-{instance.node_name}"
                 )
 
+    async def step(self) -> None:
+        """Supervise, then have every agent send one report, its finding changes, and
+        take, run and answer its commands as far as the world's clock allows; returns
+        when all of that is done. No task is left running."""
+        if self._tasks:
+            raise RuntimeError("this runner's agents run as tasks: call run_once(), not step()")
+        wanted = await self._supervise()
+        http = self._http
+        assert http is not None
+        for key in [k for k in self._stepped if k not in wanted]:
+            del self._stepped[key]
+        for key, instance in wanted.items():
+            if key not in self._stepped:
+                self._stepped[key] = _SteppedAgent(self, instance, http=http)
+        await asyncio.gather(*(agent.step() for agent in self._stepped.values()))
+
+    async def _supervise(self) -> dict[AgentKey, SimInstance]:
+        """Move the world on, snapshot it for the agents; returns the agents there should
+        be: one per running instance the control plane gave a node token."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(max_connections=64))
+            self._own_http = True
+        if self._listener is None:
+            self._listener = self._listen(asyncio.get_running_loop())
+            self.world.add_fault_listener(self._listener)
+        # In a thread: advance may rewrite the state file, which must not stall the loop.
+        await asyncio.to_thread(self.world.advance)
+        # One snapshot per pass, so agents never take the world's lock per report.
+        self.busy = self.world.busy_instance_ids()
+        self.active_faults = self.world.active_faults()
+        self.resetting = self.world.resetting_gpus()
+        instances = self.world.list_instances()
+        live = {i.instance_id for i in instances}
+        for iid in [i for i in self._senders if i not in live]:
+            del self._senders[iid]
+            self._wakes.pop(iid, None)
+        for iid in [i for i in self._commands if i not in live]:
+            del self._commands[iid]
+        return {
+            (i.instance_id, i.boot_id): i
+            for i in instances
+            if i.state is SimInstanceState.RUNNING
+            and USER_DATA_URL in i.user_data
+            and USER_DATA_TOKEN in i.user_data
+        }
+
     async def aclose(self) -> None:
         """Stop every agent and close the HTTP client if this runner made it."""
         if self._listener is not None:
-            self._world.remove_fault_listener(self._listener)
+            self.world.remove_fault_listener(self._listener)
             self._listener = None
+        self._stepped.clear()
         tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
@@ -196,86 +290,22 @@ class SimFleetRunner:
         """Make the machine's agent look at its faults now (the listener does this)."""
         self._wake(instance_id)
 
-    async def _agent(self, instance: SimInstance) -> None:
-        # Findings go out at once, on their own path; metrics keep their own pace.
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._findings(instance))
-            group.create_task(self._reports(instance))
-            group.create_task(self._run_commands(instance))
-
     def command_state(self, instance_id: str) -> SimCommandState:
         return self._commands.setdefault(instance_id, SimCommandState())
 
-    async def _run_commands(self, instance: SimInstance) -> None:
-        iid = instance.instance_id
-        holder = [self._client_for(instance)]
+    def finding_sender(self, instance_id: str) -> FindingSender:
+        return self._senders.setdefault(instance_id, FindingSender(instance_id))
 
-        def on_error(exc: Exception) -> None:
-            self._counters.errors += 1
-            if isinstance(exc, ApiError) and exc.status == 401:
-                self._counters.unauthorized += 1
-                fresh = self._world.get_instance(iid)
-                if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
-                    holder[0] = self._client_for(fresh)
+    def faults_of(self, instance_id: str) -> list[SimFault]:
+        """The machine's faults, cleared ones included; refreshes its active snapshot."""
+        faults = self.world.faults_of(instance_id, include_cleared=True)
+        self.active_faults[instance_id] = tuple(f for f in faults if f.active)
+        return faults
 
-        state = self.command_state(iid)
-        while True:
-            try:
-                await run_commands(
-                    instance,
-                    state=state,
-                    client=lambda: holder[0],
-                    world=self._world,
-                    programs=self._programs,
-                    interval_s=self._interval_s,
-                    on_error=on_error,
-                    time_scale=self._program_time_scale,
-                )
-            except Exception as exc:  # a bug here must not stop the node's reports
-                self._counters.errors += 1
-                log.exception("sim agent %s: commands failed; restarting", instance.node_name)
-                state.fail_running(f"simulated agent failed: {exc!r}", now=self._world.clock.now())
-            await asyncio.sleep(self._interval_s)
+    def count_findings(self, n: int) -> None:
+        self.counters.findings += n
 
-    async def _findings(self, instance: SimInstance) -> None:
-        assert self._http is not None
-        iid = instance.instance_id
-        sender = self._senders.setdefault(iid, FindingSender(iid))
-        wake = self._wakes.setdefault(iid, asyncio.Event())
-        holder = [self._client_for(instance)]
-
-        def faults_of() -> list[SimFault]:
-            faults = self._world.faults_of(iid, include_cleared=True)
-            self._faults[iid] = tuple(f for f in faults if f.active)
-            return faults
-
-        def on_error(exc: Exception) -> None:
-            self._counters.errors += 1
-            if isinstance(exc, ApiError) and exc.status == 401:
-                self._counters.unauthorized += 1
-                fresh = self._world.get_instance(iid)
-                if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
-                    holder[0] = self._client_for(fresh)
-
-        def client() -> AgentClient:
-            return holder[0]
-
-        await run_sender(
-            sender,
-            instance=instance,
-            faults_of=faults_of,
-            now=self._world.clock.now,
-            client=client,
-            wake=wake,
-            resync_s=self._interval_s,
-            on_error=on_error,
-            on_sent=self._count_findings,
-        )
-
-    def _count_findings(self, n: int) -> None:
-        self._counters.findings += n
-
-    def _client_for(self, instance: SimInstance) -> AgentClient:
+    def client_for(self, instance: SimInstance) -> AgentClient:
         assert self._http is not None
         return AgentClient(
             base_url=instance.user_data[USER_DATA_URL],
@@ -283,136 +313,71 @@ class SimFleetRunner:
             http=self._http,
         )
 
-    async def _reports(self, instance: SimInstance) -> None:
-        assert self._http is not None
-        interval = self._interval_s
-        # Staggered start: 2,000 agents booted together must not report in one burst.
-        await asyncio.sleep(self._rng.uniform(0.0, interval))
-        agent = _SimAgent(
-            instance, clock=self._world.clock, rng=random.Random(self._rng.getrandbits(64))
-        )
-        url = instance.user_data[USER_DATA_URL]
-        client = AgentClient(
-            base_url=url, node_token=instance.user_data[USER_DATA_TOKEN], http=self._http
-        )
-        unsent: deque[NodeReport] = deque(maxlen=self._max_unsent)
-        identity: NodeIdentity | None = agent.identity()
+    async def _agent(self, instance: SimInstance) -> None:
+        # Findings go out at once, on their own path; metrics keep their own pace.
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._send_findings(instance))
+            group.create_task(self._send_reports(instance))
+            group.create_task(self._run_commands(instance))
+
+    async def _run_commands(self, instance: SimInstance) -> None:
+        holder = _TokenHolder(self, instance, self.counters)
+        state = self.command_state(instance.instance_id)
         while True:
             try:
-                unsent.append(
-                    agent.sample(
-                        busy=instance.instance_id in self._busy,
-                        faults=self._faults.get(instance.instance_id, ()),
-                        resetting=self._resetting.get(instance.instance_id, frozenset()),
-                    )
+                await run_commands(
+                    instance,
+                    state=state,
+                    client=holder,
+                    world=self.world,
+                    programs=self.programs,
+                    interval_s=self.report_interval_s,
+                    on_error=holder.on_error,
+                    time_scale=self.program_time_scale,
                 )
-                batch = ReportBatch(identity=identity, reports=list(unsent))
-                ack = await client.send_reports(batch)
-            except asyncio.CancelledError:
-                raise
-            except ServerUnreachable as exc:
-                self._counters.errors += 1
-                log.debug("sim agent %s: server unreachable: %s", instance.node_name, exc)
-            except ApiError as exc:
-                self._counters.errors += 1
-                if exc.status == 401:
-                    self._counters.unauthorized += 1
-                    # The control plane may have rotated the token into user_data.
-                    fresh = self._world.get_instance(instance.instance_id)
-                    if fresh is not None and USER_DATA_TOKEN in fresh.user_data:
-                        url = fresh.user_data.get(USER_DATA_URL, url)
-                        client = AgentClient(
-                            base_url=url,
-                            node_token=fresh.user_data[USER_DATA_TOKEN],
-                            http=self._http,
-                        )
-                elif exc.status < 500:
-                    # The server will never take these reports: resending only repeats it.
-                    log.warning("sim agent %s: reports refused: %s", instance.node_name, exc)
-                    unsent.clear()
-            except Exception:
-                self._counters.errors += 1
-                log.exception("sim agent %s: report failed", instance.node_name)
-            else:
-                c = self._counters
-                c.batches += 1
-                c.reports += len(batch.reports)
-                c.duplicates += ack.duplicates
-                unsent.clear()
-                identity = None
-                interval = ack.report_interval_s if ack.report_interval_s > 0 else interval
-                if ack.commands_waiting:
-                    self.command_state(instance.instance_id).wake.set()
-            await asyncio.sleep(interval)
+            except Exception as exc:  # a bug here must not stop the node's reports
+                self.counters.errors += 1
+                log.exception("sim agent %s: commands failed; restarting", instance.node_name)
+                state.fail_running(f"simulated agent failed: {exc!r}", now=self.world.clock.now())
+            await asyncio.sleep(self.report_interval_s)
 
-
-class _SimAgent:
-    """The per-node part of an agent: identity, sequence numbers and GPU telemetry."""
-
-    def __init__(self, instance: SimInstance, *, clock: Clock, rng: random.Random) -> None:
-        self._instance = instance
-        self._clock = clock
-        self._rng = rng
-        self._model = gpu_model_or_default(instance.gpu_model)
-        self._gpus: list[GpuTelemetry] = [
-            initial_telemetry(self._model, rng=rng) for _ in instance.gpus
-        ]
-        self._last_seq = 0
-        self._last_sample_s: float | None = None
-
-    def identity(self) -> NodeIdentity:
-        return NodeIdentity(
-            hostname=self._instance.hostname,
-            serial=self._instance.serial,
-            agent_version=AGENT_VERSION,
+    async def _send_findings(self, instance: SimInstance) -> None:
+        iid = instance.instance_id
+        holder = _TokenHolder(self, instance, self.counters)
+        await run_sender(
+            self.finding_sender(iid),
+            instance=instance,
+            faults_of=lambda: self.faults_of(iid),
+            now=self.world.clock.now,
+            client=holder,
+            wake=self._wakes.setdefault(iid, asyncio.Event()),
+            resync_s=self.report_interval_s,
+            on_error=holder.on_error,
+            on_sent=self.count_findings,
         )
 
-    def _next_seq(self) -> int:
-        # Wall-clock microseconds keep seq growing across restarts of this process,
-        # which holds no state; the bump keeps it strictly growing within one.
-        seq = max(time.time_ns() // 1000, self._last_seq + 1)
-        self._last_seq = seq
-        return seq
-
-    def sample(
-        self,
-        *,
-        busy: bool,
-        faults: Sequence[SimFault] = (),
-        resetting: frozenset[int] = frozenset(),
-    ) -> NodeReport:
-        """One report. GPUs in ``resetting`` are left out, as nvidia-smi shows a GPU
-        being reset: it is off the bus until the reset is done."""
-        now_s = time.monotonic()
-        elapsed = 10.0 if self._last_sample_s is None else now_s - self._last_sample_s
-        self._last_sample_s = now_s
-        self._gpus = [
-            next_telemetry(g, model=self._model, busy=busy, elapsed_s=elapsed, rng=self._rng)
-            for g in self._gpus
-        ]
-        return NodeReport(
-            seq=self._next_seq(),
-            sampled_at=self._clock.now(),
-            gpus=[g for g in apply_effects(self._samples(), faults) if g.index not in resetting],
+    async def _send_reports(self, instance: SimInstance) -> None:
+        assert self._http is not None
+        # Staggered start: 2,000 agents booted together must not report in one burst.
+        await asyncio.sleep(self.rng.uniform(0.0, self.report_interval_s))
+        iid = instance.instance_id
+        reports = ReportSender(
+            instance,
+            sampler=NodeSampler(
+                instance, clock=self.world.clock, rng=random.Random(self.rng.getrandbits(64))
+            ),
+            world=self.world,
+            http=self._http,
+            counters=self.counters,
+            interval_s=self.report_interval_s,
+            max_unsent=self.max_unsent_reports,
         )
-
-    def _samples(self) -> list[GpuSample]:
-        return [
-            GpuSample(
-                index=gpu.index,
-                uuid=gpu.uuid,
-                serial=gpu.serial,
-                model=self._model.name,
-                utilization_pct=t.utilization_pct,
-                memory_used_mib=t.memory_used_mib,
-                memory_total_mib=t.memory_total_mib,
-                temperature_c=t.temperature_c,
-                power_w=t.power_w,
-                sm_clock_mhz=t.sm_clock_mhz,
-                ecc_sbe_volatile=t.ecc_sbe_volatile,
-                ecc_dbe_volatile=t.ecc_dbe_volatile,
-                ecc_sbe_aggregate=t.ecc_sbe_aggregate,
-                ecc_dbe_aggregate=t.ecc_dbe_aggregate,
+        while True:
+            waiting = await reports.send_once(
+                busy=iid in self.busy,
+                faults=self.active_faults.get(iid, ()),
+                resetting=self.resetting.get(iid, frozenset()),
             )
-            for gpu, t in zip(self._instance.gpus, self._gpus, strict=True)
-        ]
+            if waiting:
+                self.command_state(iid).wake.set()
+            await asyncio.sleep(reports.interval_s)

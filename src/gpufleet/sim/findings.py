@@ -127,6 +127,36 @@ class FindingSender:
         return delay
 
 
+async def send_pass(
+    sender: FindingSender,
+    *,
+    instance: SimInstance,
+    faults_of: Callable[[], Sequence[SimFault]],
+    now: Callable[[], dt.datetime],
+    client: Callable[[], AgentClient],
+    on_error: Callable[[Exception], None],
+    on_sent: Callable[[int], None],
+) -> float | None:
+    """Queue the changes since the last pass and send them. Returns None when all went
+    out, else the seconds to wait before trying again (backing off)."""
+    sender.plan(instance, faults_of(), now=now())
+    if not sender.pending:
+        return None
+    try:
+        on_sent(await sender.flush(client()))
+    except asyncio.CancelledError:
+        raise
+    except (ApiError, ServerUnreachable) as exc:
+        on_error(exc)
+        log.debug("sim agent %s: findings not sent: %s", instance.node_name, exc)
+        return sender.retry_delay_s()
+    except Exception as exc:
+        on_error(exc)
+        log.exception("sim agent %s: findings send failed", instance.node_name)
+        return sender.retry_delay_s()
+    return None
+
+
 async def run_sender(
     sender: FindingSender,
     *,
@@ -143,20 +173,14 @@ async def run_sender(
     changes and send them at once; after a failure, retry soon with backoff."""
     while True:
         wake.clear()  # before reading the world, so a change after the read wakes us again
-        sender.plan(instance, faults_of(), now=now())
-        timeout = resync_s
-        if sender.pending:
-            try:
-                on_sent(await sender.flush(client()))
-            except asyncio.CancelledError:
-                raise
-            except (ApiError, ServerUnreachable) as exc:
-                on_error(exc)
-                timeout = sender.retry_delay_s()
-                log.debug("sim agent %s: findings not sent: %s", instance.node_name, exc)
-            except Exception as exc:
-                on_error(exc)
-                timeout = sender.retry_delay_s()
-                log.exception("sim agent %s: findings send failed", instance.node_name)
+        retry = await send_pass(
+            sender,
+            instance=instance,
+            faults_of=faults_of,
+            now=now,
+            client=client,
+            on_error=on_error,
+            on_sent=on_sent,
+        )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=timeout)
+            await asyncio.wait_for(wake.wait(), timeout=resync_s if retry is None else retry)
