@@ -27,6 +27,11 @@ FINDING_STATE_FIELDS = frozenset({"cleared_at", "count", "first_seen", "last_see
 # Cluster health has its own owner, the cluster health refresh; the scan lets that module
 # assign ``cluster.health`` and nothing else.
 CLUSTER_HEALTH_OWNER = "gpufleet/server/services/health.py"
+# Which node an agent request comes from: the one module that looks a node up by its
+# token's hash and says which node states refuse the token.
+NODE_CALLER_OWNER = "gpufleet/server/services/node_callers.py"
+# Other tables keep a token hash too; comparing theirs is their owners' business.
+OTHER_TOKEN_TABLES = frozenset({"ApiTokenRow", "WebSessionRow"})
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,120 @@ def test_only_the_node_health_service_changes_health() -> None:
         "node and GPU health are written only by gpufleet.server.services.node_health "
         "(refresh_node_health / set_node_health), which writes the event:\n" + "\n".join(stray)
     )
+
+
+def node_token_lookups_in(module: str, tree: ast.AST) -> list[Write]:
+    """Every ``NodeRow.token_hash`` read (a query by it) and every comparison of some
+    ``x.token_hash`` (``node.token_hash == h``) but another table's. Writes (a fresh
+    token on provisioning) are neither."""
+    found: list[Write] = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "token_hash"
+            and isinstance(node.ctx, ast.Load)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "NodeRow"
+        ):
+            found.append(Write(module, node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                if (
+                    isinstance(side, ast.Attribute)
+                    and side.attr == "token_hash"
+                    and not (isinstance(side.value, ast.Name) and side.value.id in _NOT_NODES)
+                ):
+                    found.append(Write(module, node.lineno, ast.unparse(node)))
+    return sorted(set(found), key=lambda w: (w.line, w.target))
+
+
+_NOT_NODES = OTHER_TOKEN_TABLES | {"NodeRow"}  # NodeRow's own reads are found above
+
+
+def _is_node_state(expr: ast.expr, state: str) -> bool:
+    """``NodeState.REMOVED`` / ``NodeState.REMOVED.value`` (or through an alias ``N``)."""
+    if isinstance(expr, ast.Attribute) and expr.attr == "value":
+        expr = expr.value
+    return isinstance(expr, ast.Attribute) and expr.attr == state
+
+
+def refused_state_sets_in(module: str, tree: ast.AST) -> list[Write]:
+    """Every name bound to a collection of exactly the removing and removed node states
+    (``_GONE = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})``): a
+    private copy of the states whose token is refused. A comparison written inline
+    (``state in (REMOVING, REMOVED)``: "is the node gone?") is not a definition."""
+    found: list[Write] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+            continue
+        value = node.value
+        if isinstance(value, ast.Call) and len(value.args) == 1 and not value.keywords:
+            value = value.args[0]  # frozenset({...}) / set([...]) / tuple(...)
+        if not isinstance(value, ast.Set | ast.Tuple | ast.List) or len(value.elts) != 2:
+            continue
+        if any(_is_node_state(e, "REMOVING") for e in value.elts) and any(
+            _is_node_state(e, "REMOVED") for e in value.elts
+        ):
+            for target in _targets(node):
+                found.append(Write(module, node.lineno, ast.unparse(target)))
+    return found
+
+
+def test_only_the_node_caller_module_looks_a_node_up_by_its_token() -> None:
+    stray = [
+        str(w)
+        for module, tree in _modules()
+        if module != NODE_CALLER_OWNER
+        for w in node_token_lookups_in(module, tree)
+    ]
+    assert stray == [], (
+        "a node is found by its token only in gpufleet.server.services.node_callers "
+        "(agent routes: server.deps.NodeCallerDep; the report ingest: "
+        "nodes_by_token_hash):\n" + "\n".join(stray)
+    )
+
+
+def test_only_the_node_caller_module_says_which_node_states_refuse_a_token() -> None:
+    stray = [
+        str(w)
+        for module, tree in _modules()
+        if module != NODE_CALLER_OWNER
+        for w in refused_state_sets_in(module, tree)
+    ]
+    assert stray == [], (
+        "the node states whose token is refused are node_callers.REFUSED_NODE_STATES; "
+        "use it instead of a copy:\n" + "\n".join(stray)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("select(NodeRow).where(NodeRow.token_hash == h)", ["m.py:1: NodeRow.token_hash"]),
+        ("NodeRow.token_hash.in_(hashes)", ["m.py:1: NodeRow.token_hash"]),
+        ("if node.token_hash != h: pass", ["m.py:1: node.token_hash != h"]),
+        ("ok = h == found.token_hash", ["m.py:1: h == found.token_hash"]),
+        ("node.token_hash = hash_token(token)\nnode.token_hash = None", []),  # issuing one
+        ("select(ApiTokenRow).where(ApiTokenRow.token_hash == h)", []),
+        ("WebSessionRow.token_hash == h", []),
+    ],
+)
+def test_the_token_scan_sees_every_lookup(source: str, expected: list[str]) -> None:
+    assert [str(w) for w in node_token_lookups_in("m.py", ast.parse(source))] == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("_R = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})", ["m.py:1: _R"]),
+        ("GONE: frozenset[str] = frozenset([N.REMOVED, N.REMOVING])", ["m.py:1: GONE"]),
+        ("gone = (NodeState.REMOVING, NodeState.REMOVED)", ["m.py:1: gone"]),
+        ("x = {NodeState.REMOVING, NodeState.REMOVED, NodeState.FAILED}", []),  # another set
+        ("if s in (NodeState.REMOVING, NodeState.REMOVED): pass", []),  # inline: "gone?"
+    ],
+)
+def test_the_refused_states_scan_sees_a_copy(source: str, expected: list[str]) -> None:
+    assert [str(w) for w in refused_state_sets_in("m.py", ast.parse(source))] == expected
 
 
 @pytest.mark.parametrize(

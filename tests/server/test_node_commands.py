@@ -29,9 +29,9 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.core.ids import new_id
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import AuditLogRow, EventRow, NodeCommandRow
+from gpufleet.server.services.command_records import ANSWER_GRACE_S
 from gpufleet.server.services.command_signals import signals_for
 from gpufleet.server.services.node_commands import (
-    ANSWER_GRACE_S,
     RETENTION_S,
     enqueue_command,
     get_command,

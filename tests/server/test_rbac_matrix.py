@@ -25,7 +25,13 @@ from rbacworld import IDENTITIES, World, build_world, unique
 from gpufleet.core.enums import Role
 from gpufleet.core.ids import new_id
 from gpufleet.core.rbac import OWNER_ONLY, ROLE_PERMISSIONS, Permission
-from gpufleet.server.deps import PATH_PARAMS, UNSCOPED_PATH_PARAMS, Guard
+from gpufleet.server.deps import (
+    PATH_PARAMS,
+    UNSCOPED_PATH_PARAMS,
+    Guard,
+    get_node_caller,
+    node_token,
+)
 from gpufleet.testing.app import RunningApp
 
 PUBLIC = "public"  # no credentials needed (the login itself)
@@ -307,6 +313,22 @@ def guards_of(route: Any) -> list[Guard]:
     return found
 
 
+def dependency_calls(route: Any) -> list[Any]:
+    found: list[Any] = []
+
+    def walk(dependant: Any) -> None:
+        for sub in dependant.dependencies:
+            found.append(sub.call)
+            walk(sub)
+
+    walk(route.dependant)
+    return found
+
+
+# The one agent route that resolves its node later, set-wise, in the ingest's group commit.
+RESOLVED_BY_THE_INGEST = ("POST", "/api/v1/agent/reports")
+
+
 def expected(identity: str, rule: Rule) -> str:
     need = rule.need
     if need == PUBLIC:
@@ -366,6 +388,11 @@ def test_every_api_route_is_in_the_table_and_declares_its_permission_once(
     for key, route in routes.items():
         guards = guards_of(route)
         need = ROUTES[key].need
+        calls = dependency_calls(route)
+        # Agent routes take the node caller (server.deps.NodeCallerDep); others never do.
+        assert (node_token in calls) == (need == AGENT), key
+        if need == AGENT and key != RESOLVED_BY_THE_INGEST:
+            assert get_node_caller in calls, f"{key} must take NodeCallerDep"
         if need in (PUBLIC, AGENT):
             assert guards == [], (key, guards)
             continue

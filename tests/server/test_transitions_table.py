@@ -38,7 +38,8 @@ from gpufleet.server.services.acceptance_status import (
 )
 from gpufleet.server.services.checks import switch_check_status
 from gpufleet.server.services.clusters import switch_cluster_status
-from gpufleet.server.services.node_commands import enqueue_command, switch_command_status
+from gpufleet.server.services.command_records import switch_command_status
+from gpufleet.server.services.node_commands import enqueue_command
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.repairs import create_repair, switch_repair_status
 from gpufleet.server.services.startup_scripts import (

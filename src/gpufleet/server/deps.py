@@ -1,5 +1,6 @@
-"""FastAPI dependencies: the app context, the authenticated caller, and ``Allow``, the
-one permission check every route declares.
+"""FastAPI dependencies: the app context, the authenticated caller, ``Allow``, the
+one permission check every user route declares, and ``NodeCallerDep``, the node an agent
+route's request comes from.
 
 ``caller: Annotated[Caller, Allow(Permission.CLUSTER_DELETE)]`` resolves the caller,
 finds every object the request names (path ``cluster_id``, query ``?cluster=``, body
@@ -40,6 +41,11 @@ from gpufleet.server.db.tables import (
 )
 from gpufleet.server.services.audit import AuditTarget, current_request
 from gpufleet.server.services.auth import Caller, resolve_caller
+from gpufleet.server.services.node_callers import (
+    NodeCaller,
+    node_token_hash,
+    resolve_node_caller,
+)
 from gpufleet.server.services.sessions import (
     CSRF_HEADER,
     SAFE_METHODS,
@@ -94,6 +100,30 @@ async def get_caller(request: Request, ctx: CtxDep) -> Caller:
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+# -- node callers (agent routes) --------------------------------------------------------
+
+
+async def node_token(request: Request) -> str:
+    """The node token's hash, from the header alone: a caller without one is refused
+    before the body is read, and learns nothing of it."""
+    return node_token_hash(bearer_token(request))
+
+
+NodeToken = Annotated[str, Depends(node_token)]
+
+
+async def get_node_caller(token_hash: NodeToken, ctx: CtxDep) -> NodeCaller:
+    """The node whose agent calls: 401 for an unknown token or a node being removed."""
+    async with ctx.db.session() as session:
+        return await resolve_node_caller(session, token_hash=token_hash)
+
+
+# Every agent route takes this. The one exception is ``POST /agent/reports``, which takes
+# ``NodeToken`` and leaves the lookup to the ingest's group commit: one query for every
+# batch in the group (``services.agent_reports``), with the same refused states.
+NodeCallerDep = Annotated[NodeCaller, Depends(get_node_caller)]
 
 
 # -- what a request is about ------------------------------------------------------------

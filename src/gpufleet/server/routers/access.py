@@ -9,19 +9,18 @@ from fastapi import APIRouter
 import gpufleet.server.services.access as access_services
 from gpufleet.core.rbac import Permission
 from gpufleet.core.slurm_admins import AccessConfig
-from gpufleet.server.deps import Allow, CtxDep
-from gpufleet.server.routers.agent import NodeTokenHash
+from gpufleet.server.deps import Allow, CtxDep, NodeCallerDep
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(tags=["access"])
 
 
 @router.get("/agent/access")
-async def agent_access(token_hash: NodeTokenHash, ctx: CtxDep) -> AccessConfig:
+async def agent_access(caller: NodeCallerDep, ctx: CtxDep) -> AccessConfig:
     """The node's cluster: the sudoers fragment for its project's admins and, on Slurm,
     each member's AdminLevel. The agent applies it when ``content_hash`` changes."""
     async with ctx.db.session() as session:
-        return await access_services.access_for_node(session, token_hash=token_hash)
+        return await access_services.access_for_node(session, caller=caller)
 
 
 @router.get("/clusters/{cluster_id}/access")

@@ -25,14 +25,10 @@ from gpufleet.core.agent_protocol import (
 from gpufleet.core.errors import InvalidInput
 from gpufleet.core.ids import is_id
 from gpufleet.server.context import AppContext
-from gpufleet.server.deps import CtxDep
-from gpufleet.server.routers.agent import NodeTokenHash
+from gpufleet.server.deps import CtxDep, NodeCallerDep
+from gpufleet.server.services.agent_commands import claim_commands, record_command_result
 from gpufleet.server.services.command_signals import signals_for
-from gpufleet.server.services.node_commands import (
-    claim_commands,
-    node_for_token,
-    record_command_result,
-)
+from gpufleet.server.services.node_callers import NodeCaller
 
 router = APIRouter(prefix="/agent", tags=["agent"])
 
@@ -47,7 +43,7 @@ BootId = Annotated[
 
 @router.get("/commands")
 async def poll_commands(
-    token_hash: NodeTokenHash,
+    caller: NodeCallerDep,
     ctx: CtxDep,
     boot_id: BootId,
     wait_s: float = Query(
@@ -68,15 +64,15 @@ async def poll_commands(
     bad = next((h for h in have if not is_id(h)), None)
     if bad is not None:
         raise InvalidInput(f"have: {bad!r} is not a command id", field="have")
-    node_id, poll = await _claim(ctx, token_hash, boot_id, have, max_commands)
+    poll = await _claim(ctx, caller, boot_id, have, max_commands)
     if poll.commands or poll.cancel or wait_s <= 0:
         return poll
     signals = signals_for(ctx.db, clock=ctx.clock)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    with signals.watch(node_id) as woken:
+    with signals.watch(caller.node_id) as woken:
         # Queued between the first look and the watch: the in-process hint has it.
-        if max_commands > 0 and signals.is_pending(node_id):
+        if max_commands > 0 and signals.is_pending(caller.node_id):
             woken.set()
         while (remaining := deadline - loop.time()) > 0:
             with contextlib.suppress(TimeoutError):
@@ -84,50 +80,46 @@ async def poll_commands(
             if not woken.is_set():
                 break
             woken.clear()
-            _, poll = await _claim(ctx, token_hash, boot_id, have, max_commands)
+            poll = await _claim(ctx, caller, boot_id, have, max_commands)
             if poll.commands or poll.cancel:
                 return poll
     return poll
 
 
 async def _claim(
-    ctx: AppContext, token_hash: str, boot_id: str, have: list[str], max_commands: int
-) -> tuple[str, CommandPoll]:
+    ctx: AppContext, caller: NodeCaller, boot_id: str, have: list[str], max_commands: int
+) -> CommandPoll:
     # Shielded: a poll given up while it claims (the agent went away, the server stops)
     # still ends its transaction cleanly; what it took is handed out again next time.
-    return await asyncio.shield(_claim_now(ctx, token_hash, boot_id, have, max_commands))
+    return await asyncio.shield(_claim_now(ctx, caller, boot_id, have, max_commands))
 
 
 async def _claim_now(
-    ctx: AppContext, token_hash: str, boot_id: str, have: list[str], max_commands: int
-) -> tuple[str, CommandPoll]:
+    ctx: AppContext, caller: NodeCaller, boot_id: str, have: list[str], max_commands: int
+) -> CommandPoll:
     async with ctx.db.transaction() as session:
-        node, project_id = await node_for_token(session, token_hash=token_hash)
         poll, more = await claim_commands(
             session,
-            node=node,
-            project_id=project_id,
+            caller=caller,
             boot_id=boot_id,
             have=have,
             max_commands=max_commands,
             now=ctx.clock.now(),
         )
     if not more:
-        signals_for(ctx.db, clock=ctx.clock).claimed_all(node.id)
-    return node.id, poll
+        signals_for(ctx.db, clock=ctx.clock).claimed_all(caller.node_id)
+    return poll
 
 
 @router.post("/commands/{command_id}/result")
 async def post_command_result(
-    command_id: str, token_hash: NodeTokenHash, body: CommandResult, ctx: CtxDep
+    command_id: str, caller: NodeCallerDep, body: CommandResult, ctx: CtxDep
 ) -> CommandResultAck:
     """Idempotent: the same result again is 200 with ``duplicate``, stored once."""
     async with ctx.db.transaction() as session:
-        node, project_id = await node_for_token(session, token_hash=token_hash)
         return await record_command_result(
             session,
-            node=node,
-            project_id=project_id,
+            caller=caller,
             command_id=command_id,
             result=body,
             now=ctx.clock.now(),

@@ -18,6 +18,7 @@ from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.node_commands import CancelCommandRequest, RunCommandRequest
 from gpufleet.server.services.auth import Caller
+from gpufleet.server.services.command_records import command_row_to_record
 
 router = APIRouter(prefix="/nodes/{node_id}/commands", tags=["commands"])
 
@@ -78,7 +79,7 @@ async def run_node_command(
             caller=caller,
             now=ctx.clock.now(),
         )
-        return commands_services.command_row_to_record(row)
+        return command_row_to_record(row)
 
 
 @router.post("/{command_id}/cancel")

@@ -9,15 +9,13 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.enums import NodeState, Role, SchedulerKind
-from gpufleet.core.errors import Unauthorized
+from gpufleet.core.enums import Role, SchedulerKind
 from gpufleet.core.rbac import Permission
 from gpufleet.core.slurm_admins import AccessConfig, render_access
-from gpufleet.server.db.tables import ClusterRow, MembershipRow, NodeRow, ProjectRow, UserRow
+from gpufleet.server.db.tables import ClusterRow, MembershipRow, ProjectRow, UserRow
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.clusters import get_cluster_row_or_error
-
-_GONE = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
+from gpufleet.server.services.node_callers import NodeCaller
 
 
 async def render_cluster_access(session: AsyncSession, *, cluster: ClusterRow) -> AccessConfig:
@@ -41,18 +39,11 @@ async def render_cluster_access(session: AsyncSession, *, cluster: ClusterRow) -
     )
 
 
-async def access_for_node(session: AsyncSession, *, token_hash: str) -> AccessConfig:
-    """What the node holding this token applies: its own cluster's, nothing else."""
-    found = (
-        await session.execute(
-            select(NodeRow.state, ClusterRow)
-            .join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
-            .where(NodeRow.token_hash == token_hash)
-        )
-    ).first()
-    if found is None or found[0] in _GONE:
-        raise Unauthorized("unknown or revoked node token")
-    return await render_cluster_access(session, cluster=found[1])
+async def access_for_node(session: AsyncSession, *, caller: NodeCaller) -> AccessConfig:
+    """What the calling node applies: its own cluster's, nothing else."""
+    cluster = await session.get(ClusterRow, caller.cluster_id)
+    assert cluster is not None  # the foreign key
+    return await render_cluster_access(session, cluster=cluster)
 
 
 async def cluster_access(session: AsyncSession, *, caller: Caller, cluster_id: str) -> AccessConfig:

@@ -11,25 +11,15 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import EventAck, EventBatch
-from gpufleet.core.enums import EventKind, NodeState
-from gpufleet.core.errors import Conflict, Unauthorized
-from gpufleet.server.db.tables import ClusterRow, EventRow, NodeRow
-
-_REJECT_STATES = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
+from gpufleet.core.enums import EventKind
+from gpufleet.core.errors import Conflict
+from gpufleet.server.db.tables import EventRow
+from gpufleet.server.services.node_callers import NodeCaller
 
 
 async def apply_event_batch(
-    session: AsyncSession, *, token_hash: str, batch: EventBatch
+    session: AsyncSession, *, caller: NodeCaller, batch: EventBatch
 ) -> EventAck:
-    found = (
-        await session.execute(
-            select(NodeRow.id, NodeRow.state, NodeRow.cluster_id, ClusterRow.project_id)
-            .join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
-            .where(NodeRow.token_hash == token_hash)
-        )
-    ).first()
-    if found is None or found.state in _REJECT_STATES:
-        raise Unauthorized("unknown or revoked node token")
     ids = [e.id for e in batch.events]
     if len(ids) != len(set(ids)):
         raise Conflict("events in one batch must have distinct ids", field="id")
@@ -42,11 +32,11 @@ async def apply_event_batch(
                 ts=event.at,
                 kind=EventKind(event.kind.value).value,
                 message=event.message,
-                project_id=found.project_id,
-                cluster_id=found.cluster_id,
-                node_id=found.id,
-                actor=f"agent:{found.id}",
+                project_id=caller.project_id,
+                cluster_id=caller.cluster_id,
+                node_id=caller.node_id,
+                actor=f"agent:{caller.node_id}",
                 data={**event.data, "source": "agent"},
             )
         )
-    return EventAck(node_id=found.id, accepted=len(fresh), duplicates=len(ids) - len(fresh))
+    return EventAck(node_id=caller.node_id, accepted=len(fresh), duplicates=len(ids) - len(fresh))

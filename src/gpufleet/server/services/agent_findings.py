@@ -11,43 +11,33 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import FindingAck, FindingBatch, FindingReport, FindingState
-from gpufleet.core.enums import NodeState
-from gpufleet.core.errors import Conflict, Unauthorized
-from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow
+from gpufleet.core.errors import Conflict
+from gpufleet.server.db.tables import FindingRow
 from gpufleet.server.services.findings import (
     Sighting,
     clear_finding,
     open_findings,
     open_or_fold_finding,
 )
+from gpufleet.server.services.node_callers import NodeCaller, node_of_caller
 from gpufleet.server.services.node_health import refresh_node_health
-
-_REJECT_STATES = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
 
 
 async def apply_finding_batch(
     session: AsyncSession,
     *,
-    token_hash: str,
+    caller: NodeCaller,
     batch: FindingBatch,
     now: dt.datetime,
     staleness_s: float,
 ) -> FindingAck:
-    found = (
-        await session.execute(
-            select(NodeRow, ClusterRow.project_id)
-            .join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
-            .where(NodeRow.token_hash == token_hash)
-            .with_for_update(of=NodeRow)
-        )
-    ).first()
-    if found is None or found[0].state in _REJECT_STATES:
-        raise Unauthorized("unknown or revoked node token")
-    node, project_id = found
+    # The node row stays locked to the commit: batches of one node apply one at a time,
+    # each seeing the last one's ``last_finding_seq``.
+    node = await node_of_caller(session, caller, for_update=True)
+    project_id = caller.project_id
     seqs = [f.seq for f in batch.findings]
     if len(seqs) != len(set(seqs)):
         raise Conflict("finding changes in one batch must have distinct seq", field="seq")

@@ -2,8 +2,9 @@
 
 The ingest path is the server's hottest: a 2,000-node fleet reporting every 10 s is 200
 batches a second. ``apply_report_batches`` therefore works set-wise: one query finds the
-nodes by token hash, one loads their GPUs, one their open findings; then executemany
-updates. Callers (see ``server/ingest.py``) group concurrent requests into one call.
+nodes by token hash (``node_callers.nodes_by_token_hash``, which refuses what every agent
+route refuses), one loads their GPUs, one their open findings; then executemany updates.
+Callers (see ``server/ingest.py``) group concurrent requests into one call.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import GpuSample, NodeReport, ReportAck, ReportBatch
-from gpufleet.core.enums import EventKind, Health, NodeState, Severity
+from gpufleet.core.enums import EventKind, Health, Severity
 from gpufleet.core.errors import Conflict, GpufleetError, Unauthorized
 from gpufleet.core.health import node_health
 from gpufleet.core.ids import new_id
-from gpufleet.server.db.tables import ClusterRow, EventRow, FindingRow, GpuRow, NodeRow
+from gpufleet.server.db.tables import EventRow, FindingRow, GpuRow, NodeRow
+from gpufleet.server.services.node_callers import REFUSED, nodes_by_token_hash
 from gpufleet.server.services.node_health import stage_node_health
 from gpufleet.server.services.telemetry_history import (
     NodeSample,
@@ -29,8 +31,6 @@ from gpufleet.server.services.telemetry_history import (
     write_history,
 )
 
-# Removed nodes must not come back to life by reporting.
-_REJECT_STATES = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
 _GPU_COLUMNS = list(cast(Table, GpuRow.__table__).columns)
 
 
@@ -80,19 +80,12 @@ async def apply_report_batches(
     Idempotent: a report whose ``seq`` is not above the node's stored ``last_report_seq``
     is counted as a duplicate and changes nothing.
     """
-    hashes = list({i.token_hash for i in items})
-    rows = (
-        await session.execute(
-            select(NodeRow, ClusterRow.project_id)
-            .join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
-            .where(NodeRow.token_hash.in_(hashes))
-        )
-    ).all()
+    # One query for every batch's token: a lookup per request would cost more than the
+    # write. Refused nodes are left out, so they cannot come back to life by reporting.
+    nodes = await nodes_by_token_hash(session, token_hashes={i.token_hash for i in items})
     work: dict[str, _NodeWork] = {}
     by_hash: dict[str, _NodeWork] = {}
-    for node, project_id in rows:
-        if node.state in _REJECT_STATES or node.token_hash is None:
-            continue
+    for token_hash, (node, project_id) in nodes.items():
         w = _NodeWork(
             node=node,
             project_id=project_id,
@@ -101,7 +94,7 @@ async def apply_report_batches(
             last_seq=node.last_report_seq,
         )
         work[node.id] = w
-        by_hash[node.token_hash] = w
+        by_hash[token_hash] = w
     if work:
         for gpu in await session.scalars(
             select(GpuRow).where(GpuRow.node_id.in_(list(work)), GpuRow.removed_at.is_(None))
@@ -122,7 +115,7 @@ async def apply_report_batches(
     for item in items:
         found = by_hash.get(item.token_hash)
         if found is None:
-            results.append(Unauthorized("unknown or revoked node token"))
+            results.append(Unauthorized(REFUSED))
             continue
         w = found
         fresh = sorted((r for r in item.batch.reports if r.seq > w.last_seq), key=lambda r: r.seq)

@@ -1,4 +1,4 @@
-"""Commands for node agents: queue one, hand it out, store its result, cancel, expire.
+"""Commands for node agents, the queue: queue one, cancel, expire, prune, read.
 
 For other server code (check runs, acceptance, startup scripts):
 
@@ -13,6 +13,8 @@ For other server code (check runs, acceptance, startup scripts):
   ``expires_at``, or taken and not answered by ``deadline_at`` (the command's timeout
   plus ``ANSWER_GRACE_S``).
 
+The agent's side (hand out, store the result) is ``services/agent_commands.py``; how a
+command reads and ``switch_command_status``, shared by both, ``services/command_records.py``.
 Statuses and their changes are ``core.transitions.COMMAND_TRANSITIONS``; every change
 writes one ``node.command`` event and one ``command.status`` audit row. A result that
 comes after the command was cancelled or expired is kept (``late_result``) and changes
@@ -22,49 +24,46 @@ nothing else. Pass ``caller`` where a person asks; server code passes none.
 from __future__ import annotations
 
 import datetime as dt
-import shlex
 from collections.abc import Mapping, Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import (
     DEFAULT_EXPIRES_IN_S,
     DEFAULT_OUTPUT_BYTES,
     MAX_EXPIRES_IN_S,
-    CommandKind,
-    CommandPoll,
     CommandRecord,
-    CommandResult,
-    CommandResultAck,
     CommandStatus,
     NodeCommand,
-    status_of_result,
 )
 from gpufleet.core.clock import utcnow
-from gpufleet.core.enums import EventKind, NodeState
-from gpufleet.core.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from gpufleet.core.enums import EventKind
+from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
-from gpufleet.core.transitions import FINAL_COMMAND_STATUSES, NODE_COMMAND
+from gpufleet.core.transitions import FINAL_COMMAND_STATUSES
 from gpufleet.server.db.tables import ClusterRow, NodeCommandRow, NodeRow
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
+from gpufleet.server.services.command_records import (
+    ANSWER_GRACE_S,
+    command_label,
+    command_row_to_record,
+    describe_argv,
+    switch_command_status,
+)
 from gpufleet.server.services.command_signals import notify_after_commit
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.node_callers import REFUSED_NODE_STATES
 from gpufleet.server.services.nodes import get_node_row_or_error
-from gpufleet.server.services.transitions import Subject, transition
 
-# After the timeout: the agent's SIGTERM→SIGKILL grace (10 s), reading the last output,
-# and a few retries of the result POST. A later result is kept as late.
-ANSWER_GRACE_S = 120.0
 SWEEP_BATCH = 500
 # Ended commands (with their output) are kept this long, then deleted: a month of
 # acceptance runs on a 1,000-node fleet is ~100k rows; their events and audit rows stay.
 RETENTION_S = 30 * 86_400.0
-_CLOSED_NODES = frozenset({NodeState.REMOVING.value, NodeState.REMOVED.value})
 
 
 # -- queue ------------------------------------------------------------------------------
@@ -119,7 +118,7 @@ async def enqueue_command(
     node, project_id = await _node_for(session, node_id=node_id, caller=caller)
     if caller is not None:
         require(caller, Permission.NODE_ACTION, project_id)
-    if node.state in _CLOSED_NODES:
+    if node.state in REFUSED_NODE_STATES:  # its agent could not take it
         raise Conflict(f"node {node.name} is {node.state}: it takes no commands", field="node_id")
     row = NodeCommandRow(
         id=command.id,
@@ -147,7 +146,7 @@ async def enqueue_command(
     record_event(
         session,
         kind=EventKind.NODE_COMMAND,
-        message=f"command {_name(row)} queued for node {node.name} by {requested_by}",
+        message=f"command {command_label(row)} queued for node {node.name} by {requested_by}",
         project_id=project_id,
         cluster_id=node.cluster_id,
         node_id=node.id,
@@ -198,50 +197,6 @@ async def _node_for(
     if first is None:
         raise NotFound(f"node {node_id!r} not found", field="node_id")
     return first[0], first[1]
-
-
-def describe_argv(argv: Sequence[str], limit: int = 160) -> str:
-    """The command as a shell would show it, cut to ``limit`` characters."""
-    text = shlex.join(argv)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _name(row: NodeCommandRow) -> str:
-    what = row.purpose or describe_argv(row.argv, 60)
-    return f"{row.id[-8:]} ({what})"
-
-
-# -- status changes ---------------------------------------------------------------------
-
-
-def switch_command_status(
-    session: AsyncSession,
-    *,
-    row: NodeCommandRow,
-    project_id: str,
-    target: CommandStatus,
-    actor: str,
-    reason: str,
-    now: dt.datetime,
-) -> bool:
-    """The one way a command changes status: checked, evented, audited. False if it
-    already was ``target``."""
-    subject = Subject(
-        object_id=row.id,
-        label=f"command {_name(row)}",
-        project_id=project_id,
-        cluster_id=row.cluster_id,
-        node_id=row.node_id,
-        ids={"command_id": row.id},
-    )
-    if not transition(
-        session, lifecycle=NODE_COMMAND, row=row, subject=subject, target=target, actor=actor,
-        reason=reason, now=now,
-    ):  # fmt: skip
-        return False
-    row.status_reason = reason[:2000]
-    row.updated_at = now
-    return True
 
 
 async def cancel_command(
@@ -352,290 +307,6 @@ async def prune_commands(session: AsyncSession, *, now: dt.datetime) -> int:
     if ids:
         await session.execute(delete(NodeCommandRow).where(NodeCommandRow.id.in_(ids)))
     return len(ids)
-
-
-# -- the agent's side -------------------------------------------------------------------
-
-
-async def node_for_token(session: AsyncSession, *, token_hash: str) -> tuple[NodeRow, str]:
-    found = (
-        await session.execute(
-            select(NodeRow, ClusterRow.project_id)
-            .join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
-            .where(NodeRow.token_hash == token_hash)
-        )
-    ).first()
-    if found is None or found[0].state in _CLOSED_NODES:
-        raise Unauthorized("unknown or revoked node token")
-    return found[0], found[1]
-
-
-async def claim_commands(
-    session: AsyncSession,
-    *,
-    node: NodeRow,
-    project_id: str,
-    boot_id: str,
-    have: Sequence[str],
-    max_commands: int,
-    now: dt.datetime,
-) -> tuple[CommandPoll, bool]:
-    """What the node's agent should start now, and what it should stop.
-
-    Hands out again, first, any command taken earlier and neither answered nor listed in
-    ``have`` (the answer that carried it was lost), then pending ones, oldest first, up to
-    ``max_commands`` in all; marks them sent to ``boot_id``. ``cancel``: ids in ``have``
-    that were cancelled or expired. Returns the poll and whether pending ones are left.
-    """
-    held = set(have)
-    cancel: list[str] = []
-    if held:
-        cancel = list(
-            await session.scalars(
-                select(NodeCommandRow.id).where(
-                    NodeCommandRow.node_id == node.id,
-                    NodeCommandRow.id.in_(held),
-                    NodeCommandRow.status.in_(
-                        [CommandStatus.CANCELLED.value, CommandStatus.EXPIRED.value]
-                    ),
-                    NodeCommandRow.result_at.is_(None),
-                )
-            )
-        )
-    commands: list[NodeCommand] = []
-    lost = (
-        (
-            await session.scalars(
-                select(NodeCommandRow)
-                .where(
-                    NodeCommandRow.node_id == node.id,
-                    NodeCommandRow.status == CommandStatus.SENT.value,
-                    NodeCommandRow.result_at.is_(None),
-                    NodeCommandRow.expires_at > now,
-                )
-                .order_by(NodeCommandRow.id)
-                .limit(max_commands + len(held))
-            )
-        ).all()
-        if max_commands > 0
-        else []
-    )
-    for row in [r for r in lost if r.id not in held][:max_commands]:
-        _mark_sent(row, boot_id=boot_id, now=now)
-        record_event(
-            session,
-            kind=EventKind.NODE_COMMAND,
-            message=f"command {_name(row)} handed out again (delivery {row.deliveries}): "
-            "the agent did not list it as taken",
-            project_id=project_id,
-            cluster_id=row.cluster_id,
-            node_id=row.node_id,
-            actor=f"agent:{node.id}",
-            data={"command_id": row.id, "deliveries": row.deliveries, "boot_id": boot_id},
-            ts=now,
-        )
-        commands.append(command_of(row))
-    room = max_commands - len(commands)
-    pending = (
-        (
-            await session.scalars(
-                select(NodeCommandRow)
-                .where(
-                    NodeCommandRow.node_id == node.id,
-                    NodeCommandRow.status == CommandStatus.PENDING.value,
-                    NodeCommandRow.expires_at > now,
-                )
-                .order_by(NodeCommandRow.id)
-                .limit(room + 1)
-            )
-        ).all()
-        if room > 0
-        else []
-    )
-    for row in pending[:room]:
-        taken = await session.execute(
-            update(NodeCommandRow)
-            .where(
-                NodeCommandRow.id == row.id, NodeCommandRow.status == CommandStatus.PENDING.value
-            )
-            .values(updated_at=now)
-        )
-        assert isinstance(taken, CursorResult)
-        if taken.rowcount != 1:
-            continue  # another poll of this node took it first
-        _mark_sent(row, boot_id=boot_id, now=now)
-        switch_command_status(
-            session,
-            row=row,
-            project_id=project_id,
-            target=CommandStatus.SENT,
-            actor=f"agent:{node.id}",
-            reason=f"taken by agent {boot_id}",
-            now=now,
-        )
-        commands.append(command_of(row))
-    # With no room nothing was looked at: say "maybe", so the hint is not cleared.
-    more = len(pending) > room if room > 0 else True
-    return CommandPoll(commands=commands, cancel=cancel), more
-
-
-def _mark_sent(row: NodeCommandRow, *, boot_id: str, now: dt.datetime) -> None:
-    row.sent_at = now
-    row.deadline_at = now + dt.timedelta(seconds=row.timeout_s + ANSWER_GRACE_S)
-    row.agent_boot_id = boot_id
-    row.deliveries += 1
-    row.updated_at = now
-
-
-async def record_command_result(
-    session: AsyncSession,
-    *,
-    node: NodeRow,
-    project_id: str,
-    command_id: str,
-    result: CommandResult,
-    now: dt.datetime,
-) -> CommandResultAck:
-    """Store the agent's result once. The same (or any) result again: ``duplicate``, and
-    nothing changes. After a cancel or an expiry: stored as ``late``, status kept.
-    ``NotFound`` for a command that is not this node's."""
-    if result.id != command_id:
-        raise InvalidInput("the result's id is not the command id in the path", field="id")
-    row = (
-        await session.scalars(
-            select(NodeCommandRow)
-            .where(NodeCommandRow.id == command_id, NodeCommandRow.node_id == node.id)
-            .with_for_update()
-        )
-        if is_id(command_id)
-        else None
-    )
-    found = row.first() if row is not None else None
-    if found is None:
-        raise NotFound(f"command {command_id!r} not found for this node", field="command_id")
-    if found.result is not None:
-        return CommandResultAck(
-            id=found.id, status=CommandStatus(found.status), duplicate=True, late=found.late_result
-        )
-    actor = f"agent:{node.id}"
-    if found.status == CommandStatus.PENDING.value:
-        # Only if an answer was lost and the store lost the claim with it: taken anyway.
-        _mark_sent(found, boot_id=result.agent_boot_id, now=now)
-        switch_command_status(
-            session,
-            row=found,
-            project_id=project_id,
-            target=CommandStatus.SENT,
-            actor=actor,
-            reason=f"answered by agent {result.agent_boot_id}",
-            now=now,
-        )
-    found.result = _storable(result).model_dump(mode="json")
-    found.result_at = now
-    found.updated_at = now
-    late = CommandStatus(found.status) in FINAL_COMMAND_STATUSES
-    if late:
-        found.late_result = True
-        record_event(
-            session,
-            kind=EventKind.NODE_COMMAND,
-            message=f"command {_name(found)}: result after it was {found.status}: "
-            f"{outcome_of(result)} (kept; status unchanged)",
-            project_id=project_id,
-            cluster_id=found.cluster_id,
-            node_id=found.node_id,
-            actor=actor,
-            data={"command_id": found.id, "late": True, "outcome": outcome_of(result)},
-            ts=now,
-        )
-    else:
-        switch_command_status(
-            session,
-            row=found,
-            project_id=project_id,
-            target=status_of_result(result),
-            actor=actor,
-            reason=outcome_of(result),
-            now=now,
-        )
-    return CommandResultAck(
-        id=found.id, status=CommandStatus(found.status), duplicate=False, late=late
-    )
-
-
-def outcome_of(result: CommandResult) -> str:
-    """How it ended, in a few words: "exit 0", "timed out after ...", the error."""
-    if result.timed_out:
-        took = (
-            f" after {(result.finished_at - result.started_at).total_seconds():.1f} s"
-            if result.started_at
-            else ""
-        )
-        return f"timed out{took}" + (f", killed by signal {result.signal}" if result.signal else "")
-    if result.error:
-        return result.error[:500]
-    if result.signal is not None:
-        return f"killed by signal {result.signal}"
-    return f"exit {result.exit_code}"
-
-
-def _storable(result: CommandResult) -> CommandResult:
-    # PostgreSQL text cannot hold NUL; a binary's output may.
-    fields = ("stdout", "stderr", "error")
-    dirty = {f: getattr(result, f) for f in fields if "\x00" in (getattr(result, f) or "")}
-    if not dirty:
-        return result
-    return result.model_copy(update={f: v.replace("\x00", "\ufffd") for f, v in dirty.items()})
-
-
-def command_of(row: NodeCommandRow) -> NodeCommand:
-    return NodeCommand(
-        id=row.id,
-        kind=CommandKind(row.kind),
-        argv=list(row.argv),
-        env=dict(row.env),
-        cwd=row.cwd,
-        timeout_s=row.timeout_s,
-        max_output_bytes=row.max_output_bytes,
-        purpose=row.purpose,
-        created_at=row.created_at,
-        expires_at=row.expires_at,
-    )
-
-
-# -- reading ----------------------------------------------------------------------------
-
-
-def command_row_to_record(row: NodeCommandRow, *, with_output: bool = True) -> CommandRecord:
-    result = None if row.result is None else CommandResult.model_validate(row.result)
-    if result is not None and not with_output:
-        result = result.model_copy(update={"stdout": "", "stderr": ""})
-    return CommandRecord(
-        id=row.id,
-        node_id=row.node_id,
-        cluster_id=row.cluster_id,
-        kind=CommandKind(row.kind),
-        argv=list(row.argv),
-        env_names=sorted(row.env),
-        cwd=row.cwd,
-        timeout_s=row.timeout_s,
-        max_output_bytes=row.max_output_bytes,
-        purpose=row.purpose,
-        ref=row.ref,
-        requested_by=row.requested_by,
-        status=CommandStatus(row.status),
-        status_reason=row.status_reason,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        expires_at=row.expires_at,
-        sent_at=row.sent_at,
-        deadline_at=row.deadline_at,
-        agent_boot_id=row.agent_boot_id,
-        deliveries=row.deliveries,
-        result=result,
-        result_at=row.result_at,
-        late_result=row.late_result,
-    )
 
 
 async def _command_for(
