@@ -268,3 +268,132 @@ def test_the_scan_sees_a_finding_built_under_any_name() -> None:
     source = "FindingRow(id=1)\ntables.FindingRow(id=2)\nFindingRowish(id=3)\nFindingRow"
     seen = constructions_in("m.py", ast.parse(source), "FindingRow")
     assert [str(w) for w in seen] == ["m.py:1: FindingRow(…)", "m.py:2: FindingRow(…)"]
+
+
+# -- node holds -------------------------------------------------------------------------
+
+HOLDS_OWNER = "gpufleet/server/services/node_holds.py"
+REASON_GRAMMAR = "gpufleet/core/holds.py"
+# The drivers refuse to undo a drain by its prefix; they use the constant, build nothing.
+DRIVERS = "gpufleet/schedulers/"
+REASON_PREFIX = "gpufleet:"
+# A scheduler's calls that hold or release a node (``SupportsDrain``, ``SupportsDown``).
+HOLD_METHODS = frozenset({"drain", "resume", "down", "undrain"})
+# Texts that start like a reason but are messages to a person (a banner, a help line).
+NOT_REASONS = ("gpufleet: serving on ", "gpufleet: first start", "gpufleet: a control plane")
+
+
+def hold_calls_in(module: str, tree: ast.AST) -> list[Write]:
+    """Every ``x.drain(…)``, ``x.resume(…)``, ``x.down(…)``, ``x.undrain(…)`` given a
+    node: a scheduler holding or releasing one. (asyncio's ``writer.drain()`` and a
+    lab's ``down()`` take no argument, and are no scheduler.)"""
+    return [
+        Write(module, node.lineno, f".{node.func.attr}(…)")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in HOLD_METHODS
+        and (node.args or node.keywords)
+    ]
+
+
+def reason_texts_in(module: str, tree: ast.AST) -> list[Write]:
+    """Every string that starts with ``gpufleet:`` (a constant or an f-string; not a
+    docstring, not a message in ``NOT_REASONS``), and every use of the prefix constant
+    ``DRAIN_REASON_PREFIX``: each is a drain reason built by hand."""
+    found: list[Write] = []
+    skip: set[int] = set()  # docstrings and the parts of an f-string already judged
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            skip.add(id(node.value))
+        elif isinstance(node, ast.JoinedStr):
+            skip.update(id(part) for part in node.values)
+            head = node.values[0] if node.values else None
+            if isinstance(head, ast.Constant) and _a_reason(head.value):
+                found.append(Write(module, node.lineno, f"f{head.value!r}…"))
+        elif isinstance(node, ast.Constant) and id(node) not in skip and _a_reason(node.value):
+            found.append(Write(module, node.lineno, repr(node.value)))
+        elif (isinstance(node, ast.Name) and node.id == "DRAIN_REASON_PREFIX") or (
+            isinstance(node, ast.Attribute) and node.attr == "DRAIN_REASON_PREFIX"
+        ):
+            found.append(Write(module, node.lineno, "DRAIN_REASON_PREFIX"))
+        elif isinstance(node, ast.ImportFrom):
+            found.extend(
+                Write(module, node.lineno, "import DRAIN_REASON_PREFIX")
+                for alias in node.names
+                if alias.name == "DRAIN_REASON_PREFIX"
+            )
+    return found
+
+
+def _a_reason(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and value.startswith(REASON_PREFIX)
+        and not value.startswith(NOT_REASONS)
+    )
+
+
+def test_only_the_node_hold_service_drains_and_resumes() -> None:
+    stray = [
+        str(w)
+        for module, tree in _modules()
+        if module != HOLDS_OWNER and not module.startswith(DRIVERS)
+        for w in hold_calls_in(module, tree)
+    ]
+    assert stray == [], (
+        "a node is held or released in its scheduler only by "
+        "gpufleet.server.services.node_holds (hold_in_scheduler / release_in_scheduler / "
+        "down_in_scheduler):\n" + "\n".join(stray)
+    )
+
+
+def test_only_the_reason_grammar_builds_a_drain_reason() -> None:
+    stray = [
+        str(w)
+        for module, tree in _modules()
+        if module != REASON_GRAMMAR
+        for w in reason_texts_in(module, tree)
+        if not (module.startswith(DRIVERS) and "DRAIN_REASON_PREFIX" in w.target)
+    ]
+    assert stray == [], (
+        "gpufleet's drain reasons (`gpufleet: …`) are built and read only by "
+        "gpufleet.core.holds (repair_hold, acceptance_hold, manual_hold, healthcheck_hold, "
+        "parse_hold_reason):\n" + "\n".join(stray)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("await scheduler.drain(name, reason=r)", ["m.py:1: .drain(…)"]),
+        (
+            "await s.resume(name)\nawait s.down(n, reason=r)",
+            ["m.py:1: .resume(…)", "m.py:2: .down(…)"],
+        ),
+        ("await self.drivers.scheduler.undrain(node=n)", ["m.py:1: .undrain(…)"]),
+        ("await writer.drain()\nlab.down()\nworld.drain_node(n, reason=r)", []),
+    ],
+)
+def test_the_scan_sees_a_scheduler_hold_call(source: str, expected: list[str]) -> None:
+    assert [str(w) for w in hold_calls_in("m.py", ast.parse(source))] == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('r = "gpufleet: acceptance"', ["m.py:1: 'gpufleet: acceptance'"]),
+        ('r = f"gpufleet: {rid} {sig}"', ["m.py:1: f'gpufleet: '…"]),
+        ('r = "gpufleet:" + " x"', ["m.py:1: 'gpufleet:'"]),
+        ('r = f"{DRAIN_REASON_PREFIX} x"', ["m.py:1: DRAIN_REASON_PREFIX"]),
+        (
+            "from gpufleet.schedulers.base import DRAIN_REASON_PREFIX",
+            ["m.py:1: import DRAIN_REASON_PREFIX"],
+        ),
+        ('r = base.DRAIN_REASON_PREFIX + " x"', ["m.py:1: DRAIN_REASON_PREFIX"]),
+        ('def f():\n    """Drains with ``gpufleet: <id>``."""', []),  # a docstring
+        ('print(f"gpufleet: serving on {url}")\nr = "operator: gpufleet: x"', []),
+    ],
+)
+def test_the_scan_sees_a_reason_built_by_hand(source: str, expected: list[str]) -> None:
+    assert [str(w) for w in reason_texts_in("m.py", ast.parse(source))] == expected

@@ -45,8 +45,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.core.holds import HoldKind, healthcheck_hold, parse_hold_reason
+
 DEFAULT_STATE_DIR = Path("/var/lib/gpufleet-agent")
-HEALTHCHECK_REASON = "gpufleet: healthcheck"
 _NEVER_KILL = frozenset({"slurmd", "slurmstepd", "slurmctld", "munged"})
 _BAD_SEVERITIES = frozenset({"fatal", "critical"})
 # Findings that are about Slurm's own view (a foreign drain) never make a drain here.
@@ -304,10 +305,11 @@ def healthcheck(env: Mapping[str, str], *, state_dir: Path | None = None) -> str
     bad = bad_findings(state_dir_from(env, state_dir))
     flags, reason = node_state(node)
     held = bool(flags & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"})
-    ours = reason.startswith(HEALTHCHECK_REASON)
+    parsed = parse_hold_reason(reason)
+    ours = parsed is not None and parsed.kind is HoldKind.HEALTHCHECK
     if bad and not held:
         signatures = sorted({str(f.get("signature_id", "?")) for f in bad})
-        new_reason = f"{HEALTHCHECK_REASON} {' '.join(signatures)}"[:200]
+        new_reason = healthcheck_hold(signatures).text
         out = _scontrol("update", f"nodename={node}", "state=drain", f"reason={new_reason}")
         if out.returncode != 0:
             raise RuntimeError(f"scontrol update {node} drain: {out.stderr.strip()}")

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-# Only drains whose reason starts with this are gpufleet's to undo.
-DRAIN_REASON_PREFIX = "gpufleet:"
+# Only drains whose reason starts with this are gpufleet's to undo (the grammar of the
+# reasons is ``gpufleet.core.holds``; the drivers need only the prefix, to refuse others).
+from gpufleet.core.holds import DRAIN_REASON_PREFIX as DRAIN_REASON_PREFIX
 
 
 class SchedNodeState(StrEnum):

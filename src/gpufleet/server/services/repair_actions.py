@@ -12,7 +12,8 @@ import datetime as dt
 from sqlalchemy import select
 
 from gpufleet.core.enums import EventKind, NodeState, RepairStatus
-from gpufleet.core.errors import Conflict, DriverError
+from gpufleet.core.errors import Conflict
+from gpufleet.core.holds import manual_hold
 from gpufleet.core.models import Breaker, Node, NodeAction, NodeActionResult, Repair
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import (
@@ -21,7 +22,6 @@ from gpufleet.core.repair.models import (
     RepairKind,
     RepairSource,
 )
-from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import ClusterRow, FindingRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
@@ -37,10 +37,17 @@ from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.node_holds import (
+    Release,
+    can_hold,
+    hold_in_scheduler,
+    record_hold,
+    record_release,
+    release_in_scheduler,
+)
 from gpufleet.server.services.nodes import (
     get_node_row_or_error,
     node_row_to_node,
-    switch_node_state,
 )
 from gpufleet.server.services.repair_policy import load_policy
 from gpufleet.server.services.repairs import (
@@ -322,13 +329,10 @@ async def _hold_action(
         )
     state = NodeState(node.state)
     kind = request.action
-    if kind is NodeAction.UNCORDON:
-        targets = [NodeState.IN_SERVICE]
-        if state is NodeState.IN_SERVICE:
-            targets = []
-    elif kind is NodeAction.CORDON:
+    targets: list[NodeState] = []  # uncordon: in service, through record_release
+    if kind is NodeAction.CORDON:
         targets = [] if state is NodeState.CORDONED else [NodeState.CORDONED]
-    else:  # drain
+    elif kind is NodeAction.DRAIN:
         targets = [] if state in (NodeState.DRAINING, NodeState.DRAINED) else [NodeState.DRAINING]
         if state is NodeState.IN_SERVICE:
             targets = [NodeState.CORDONED, NodeState.DRAINING]
@@ -336,27 +340,30 @@ async def _hold_action(
         raise Conflict(f"node {node.name} is {node.state}; it cannot be {kind.value}ed")
     scheduler = scheduler_for(drivers, cluster)
     name = node.scheduler_name or node.name
-    if not isinstance(scheduler, SupportsDrain):
+    if not can_hold(scheduler):
         raise Conflict(f"scheduler {scheduler.kind} cannot {kind.value} nodes")
-    try:
-        if kind is NodeAction.UNCORDON:
-            await scheduler.resume(name)
-        else:
-            await scheduler.drain(
-                name, reason=f"{DRAIN_REASON_PREFIX} {kind.value} by {caller.actor}: "
-                f"{request.reason}"[:200],
-            )  # fmt: skip
-    except DriverError as exc:
-        if kind is NodeAction.UNCORDON:
-            raise Conflict(exc.message, field="node_id") from None
-        raise
+    release: Release | None = None
+    if kind is NodeAction.UNCORDON:
+        # Only gpufleet's drain is undone; the driver's refusal names whose it is.
+        release = await release_in_scheduler(scheduler, name)
+        if release.error is not None:
+            raise Conflict(release.error, field="node_id")
+    else:
+        reason = manual_hold(action=kind.value, actor=caller.actor, note=request.reason)
+        await hold_in_scheduler(scheduler, name, reason=reason)
     async with db.transaction() as session:
         row = await session.get(NodeRow, node.id, with_for_update=True)
         assert row is not None
-        for target in targets:
-            switch_node_state(
-                session, node=row, project_id=cluster.project_id, target=target,
-                actor=caller.actor, reason=f"{kind.value}: {request.reason}", now=now,
+        why = f"{kind.value}: {request.reason}"
+        if release is not None:  # in service (nobody else's drain: the release succeeded)
+            record_release(
+                session, node=row, project_id=cluster.project_id, release=release,
+                actor=caller.actor, reason=why, now=now,
+            )  # fmt: skip
+        else:
+            record_hold(
+                session, node=row, project_id=cluster.project_id, targets=targets,
+                actor=caller.actor, reason=why, now=now,
             )  # fmt: skip
         record_event(
             session,

@@ -30,7 +30,6 @@ from sqlalchemy import select
 from gpufleet.core.acceptance import AcceptanceScope, AcceptanceTrigger
 from gpufleet.core.enums import AcceptanceStage, ClusterStatus, NodeState
 from gpufleet.core.repair.models import ACTIVE_STATUSES
-from gpufleet.schedulers.base import SupportsDrain
 from gpufleet.server.db.tables import AcceptanceRunRow, ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.failpoints import Failpoints
@@ -40,6 +39,7 @@ from gpufleet.server.services.acceptance import (
     settle_cluster_status,
     settle_degraded,
 )
+from gpufleet.server.services.node_holds import release_in_scheduler
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.services.startup_scripts import advance_startup, open_startup_ids
 from gpufleet.server.workers.acceptance_steps import AcceptanceSteps
@@ -243,28 +243,26 @@ class AcceptanceLoop(AcceptanceSteps):
             )
 
     async def _release(self, cluster: ClusterRow, node_ids: list[str]) -> None:
-        """The cluster opted out while these nodes waited for acceptance: in service."""
+        """The cluster opted out while these nodes waited for acceptance: in service
+        (cordoned, when someone else's drain is on the node)."""
         scheduler = scheduler_for(self.drivers, cluster)
         async with self.db.session() as session:
             nodes = list(await session.scalars(select(NodeRow).where(NodeRow.id.in_(node_ids))))
         for node in nodes:
-            if isinstance(scheduler, SupportsDrain):
-                try:
-                    await scheduler.resume(node.scheduler_name or node.name)
-                except Exception:  # a foreign drain or an unreachable scheduler: next pass
-                    log.warning("acceptance: resume of %s failed", node.name, exc_info=True)
-                    continue
+            release = await release_in_scheduler(scheduler, node.scheduler_name or node.name)
+            if not release.settled:  # an unreachable scheduler: next pass
+                log.warning("acceptance: resume of %s failed: %s", node.name, release.error)
+                continue
             async with self.db.transaction() as session:
                 row = await session.get(NodeRow, node.id, with_for_update=True)
                 if row is None or row.state != NodeState.ACCEPTANCE.value:
                     continue
-                self.node_to(
-                    session,
-                    row,
-                    cluster,
-                    NodeState.IN_SERVICE,
+                # Someone else's drain stays: cordoned with whose, as at gating.
+                self.release_node(
+                    session, row, cluster, release,
                     "acceptance tests turned off for the cluster",
-                )
+                    kept_detail="acceptance tests turned off",
+                )  # fmt: skip
 
     async def _settle_clusters(self) -> None:
         async with self.db.session() as session:

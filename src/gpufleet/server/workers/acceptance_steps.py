@@ -34,8 +34,6 @@ from gpufleet.core.acceptance import (
     content_hash,
 )
 from gpufleet.core.enums import AcceptanceStage, CheckStatus, ClusterStatus, EventKind, NodeState
-from gpufleet.core.errors import GpufleetError
-from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.tables import AcceptanceRunRow, CheckRunRow, ClusterRow, GpuRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.failpoints import Failpoints
@@ -59,6 +57,7 @@ from gpufleet.server.services.checks import (
     switch_check_status,
 )
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.node_holds import Release, record_release, release_in_scheduler
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.workers.base import LoopDeps, LoopService
@@ -103,6 +102,27 @@ class AcceptanceSteps(LoopService):
             now=self.clock.now(),
         )
         node.state_detail = detail[:4000]
+
+    def release_node(
+        self,
+        session: AsyncSession,
+        node: NodeRow,
+        cluster: ClusterRow,
+        release: Release,
+        reason: str,
+        *,
+        kept_detail: str,
+    ) -> None:
+        """After ``release_in_scheduler``: in service, or cordoned with ``kept_detail``
+        and whose drain keeps it out."""
+        record_release(
+            session, node=node, project_id=cluster.project_id, release=release, actor=ACTOR,
+            reason=reason, now=self.clock.now(),
+        )  # fmt: skip
+        kept = release.kept_by
+        node.state_detail = (
+            "" if kept is None else f"{kept_detail}; drained by someone else ({kept!r})"
+        )[:4000]
 
     async def step_run(self, run_id: str) -> None:
         """Take one run one step on. Safe to call again at any time."""
@@ -606,22 +626,15 @@ class AcceptanceSteps(LoopService):
             )
         outcomes: dict[str, dict[str, Any]] = (run.results or {}).get("nodes") or {}
         scheduler = scheduler_for(self.drivers, cluster)
-        resumed: set[str] = set()
-        foreign: dict[str, str] = {}
+        released: dict[str, Release] = {}
         for node in nodes:
             if (outcomes.get(node.id) or {}).get("outcome") not in PASSING:
                 continue
-            if isinstance(scheduler, SupportsDrain):
-                name = node.scheduler_name or node.name
-                try:
-                    await scheduler.resume(name)
-                except GpufleetError as exc:
-                    reason = await _foreign_reason(scheduler, name)
-                    if reason is None:
-                        log.warning("acceptance: resume of %s failed: %s", node.name, exc)
-                        continue  # next pass tries again
-                    foreign[node.id] = reason
-            resumed.add(node.id)
+            release = await release_in_scheduler(scheduler, node.scheduler_name or node.name)
+            if not release.settled:
+                log.warning("acceptance: resume of %s failed: %s", node.name, release.error)
+                continue  # next pass tries again
+            released[node.id] = release
         self.failpoints.hit("acceptance.gating.after_resume")
         async with self.db.transaction() as session:
             locked = await session.get(AcceptanceRunRow, run_id, with_for_update=True)
@@ -636,27 +649,14 @@ class AcceptanceSteps(LoopService):
                 verdict = outcomes.get(row.id) or {"outcome": "fail", "reasons": []}
                 reasons = "; ".join(str(r) for r in verdict.get("reasons", [])[:5])
                 if verdict.get("outcome") in PASSING:
-                    if row.id not in resumed:
+                    if row.id not in released:
                         waiting = True
                         continue
-                    if row.id in foreign:
-                        self.node_to(
-                            session,
-                            row,
-                            cluster_row,
-                            NodeState.CORDONED,
-                            f"passed acceptance run {run.id}; kept out by {foreign[row.id]!r}",
-                            detail=f"passed acceptance; drained by someone else "
-                            f"({foreign[row.id]!r})",
-                        )
-                    else:
-                        self.node_to(
-                            session,
-                            row,
-                            cluster_row,
-                            NodeState.IN_SERVICE,
-                            f"passed acceptance run {run.id}",
-                        )
+                    self.release_node(
+                        session, row, cluster_row, released[row.id],
+                        f"passed acceptance run {run.id}",
+                        kept_detail="passed acceptance",
+                    )  # fmt: skip
                 elif verdict.get("outcome") != FAILING or verdict.get("unpinned"):
                     # Skipped, or a failure pinned on nobody: not passed, not to blame.
                     row.state_detail = f"acceptance run {run.id} did not pass it: {reasons}"[:4000]
@@ -863,14 +863,3 @@ def _why(row: CheckRunRow) -> str:
     unresolved = loc.get("unresolved") if isinstance(loc, dict) else None
     parts = [*reasons[:3], *(str(u) for u in (unresolved or [])[:2])]
     return "; ".join(parts) or row.detail or f"the check run {row.status}"
-
-
-async def _foreign_reason(scheduler: Any, name: str) -> str | None:
-    try:
-        nodes = await scheduler.list_nodes()
-    except GpufleetError:
-        return None
-    for node in nodes:
-        if node.name == name and node.reason and not node.reason.startswith(DRAIN_REASON_PREFIX):
-            return str(node.reason)
-    return None

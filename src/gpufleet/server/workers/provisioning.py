@@ -25,14 +25,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import ClusterStatus, EventKind, NodeState, StartupStatus
 from gpufleet.core.errors import DriverError
+from gpufleet.core.holds import acceptance_hold
 from gpufleet.providers.base import Instance, InstanceState, Provider, ProvisionRequest
-from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, SupportsDrain
 from gpufleet.server.db.tables import ClusterRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.acceptance import settle_cluster_status
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
 from gpufleet.server.services.clusters import new_node_rows, node_name, switch_cluster_status
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.node_holds import hold_in_scheduler, record_hold
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.services.startup_scripts import (
@@ -46,8 +47,6 @@ log = logging.getLogger(__name__)
 
 ACTOR = "system:provisioning"
 MAX_ATTEMPTS = 3  # a slot that fails to boot this often is marked failed for a human
-# What ``sinfo -R`` shows for a node under acceptance; undone when it passes.
-ACCEPTANCE_DRAIN_REASON = f"{DRAIN_REASON_PREFIX} acceptance tests running"
 _ACTIVE = [
     ClusterStatus.PROVISIONING.value,
     ClusterStatus.READY.value,
@@ -282,12 +281,11 @@ class ProvisioningLoop(LoopService):
             name = row.scheduler_name or row.name
         # Acceptance: no job may land on the node while it is tested.
         scheduler = scheduler_for(self.drivers, cluster)
-        if isinstance(scheduler, SupportsDrain):
-            try:
-                await scheduler.drain(name, reason=ACCEPTANCE_DRAIN_REASON)
-            except DriverError as exc:
-                log.warning("provisioning: node %s: drain for acceptance: %s", node.name, exc)
-                return  # next pass tries again
+        try:
+            await hold_in_scheduler(scheduler, name, reason=acceptance_hold())
+        except DriverError as exc:
+            log.warning("provisioning: node %s: drain for acceptance: %s", node.name, exc)
+            return  # next pass tries again
         async with self.db.transaction() as session:
             row = await session.get(NodeRow, node.id, with_for_update=True)
             if (
@@ -296,11 +294,11 @@ class ProvisioningLoop(LoopService):
                 or row.provider_instance_id != instance.instance_id
             ):
                 return
-            switch_node_state(
+            record_hold(
                 session,
                 node=row,
                 project_id=cluster.project_id,
-                target=NodeState.ACCEPTANCE,
+                targets=(NodeState.ACCEPTANCE,),
                 actor=ACTOR,
                 reason=f"machine {instance.instance_id} is running"
                 + (" and its startup scripts ran" if cluster.startup_scripts else "")

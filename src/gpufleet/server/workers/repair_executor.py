@@ -24,17 +24,23 @@ from sqlalchemy import select
 from gpufleet.core.enums import NodeState, RepairAction, RepairStatus
 from gpufleet.core.errors import DriverError
 from gpufleet.core.repair.models import ACTIVE_STATUSES, DrainTimeoutAction
-from gpufleet.schedulers.base import SchedJob, SupportsDown, SupportsDrain, SupportsRequeue
+from gpufleet.schedulers.base import SchedJob, SupportsDown, SupportsRequeue
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
+from gpufleet.server.services.node_holds import (
+    can_hold,
+    down_in_scheduler,
+    hold_in_scheduler,
+    record_hold,
+)
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.workers.repair_acting import ActingSteps
-from gpufleet.server.workers.repair_steps import ACTOR, LoadedRepair, drain_reason
+from gpufleet.server.workers.repair_steps import ACTOR, LoadedRepair, hold_reason
 from gpufleet.server.workers.repair_verifying import VerifyingSteps
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTOR", "RepairExecutor", "drain_reason"]
+__all__ = ["ACTOR", "RepairExecutor"]
 
 
 class RepairExecutor(ActingSteps, VerifyingSteps):
@@ -104,12 +110,12 @@ class RepairExecutor(ActingSteps, VerifyingSteps):
 
     async def _cordon(self, loaded: LoadedRepair) -> None:
         scheduler = self.scheduler(loaded)
-        if not isinstance(scheduler, SupportsDrain):
+        if not can_hold(scheduler):
             await self.fail(loaded, f"scheduler {scheduler.kind} cannot drain nodes")
             return
-        reason = drain_reason(loaded.repair)
+        reason = hold_reason(loaded.repair)
         try:
-            await scheduler.drain(loaded.scheduler_name, reason=reason)
+            await hold_in_scheduler(scheduler, loaded.scheduler_name, reason=reason)
         except DriverError as exc:
             await self.note(loaded, f"cordon failed, retrying: {exc.message}")
             return
@@ -117,11 +123,18 @@ class RepairExecutor(ActingSteps, VerifyingSteps):
         async with self.locked(loaded) as tx:
             if tx is None:
                 return
-            tx.node_to(NodeState.CORDONED, f"repair {tx.repair.id}: {reason}")
-            tx.node_to(NodeState.DRAINING, f"repair {tx.repair.id}: {reason}")
+            record_hold(
+                tx.session,
+                node=tx.node,
+                project_id=tx.project_id,
+                targets=(NodeState.CORDONED, NodeState.DRAINING),
+                actor=ACTOR,
+                reason=f"repair {tx.repair.id}: {reason.text}",
+                now=tx.now,
+            )
             tx.repair.detail = "waiting for the node's jobs to end"
             tx.repair_to(
-                RepairStatus.DRAINING, f"cordoned in {scheduler.kind} ({reason}); draining"
+                RepairStatus.DRAINING, f"cordoned in {scheduler.kind} ({reason.text}); draining"
             )
 
     # -- draining -----------------------------------------------------------------------
@@ -155,7 +168,7 @@ class RepairExecutor(ActingSteps, VerifyingSteps):
             scheduler, SupportsDown
         ):
             try:
-                await scheduler.down(name, reason=drain_reason(repair))
+                await down_in_scheduler(scheduler, name, reason=hold_reason(repair))
             except DriverError as exc:
                 await self.note(loaded, f"force: kill failed, retrying: {exc.message}")
                 return

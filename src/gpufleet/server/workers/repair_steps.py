@@ -19,9 +19,10 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import EventKind, NodeState, RepairStatus
+from gpufleet.core.holds import HoldReason, repair_hold
 from gpufleet.core.repair.models import ACTIVE_STATUSES, PolicyConfig
 from gpufleet.providers.base import Provider
-from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, Scheduler
+from gpufleet.schedulers.base import Scheduler
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.failpoints import Failpoints
@@ -36,9 +37,9 @@ from gpufleet.server.workers.base import LoopDeps, LoopService
 ACTOR = "system:repairs"
 
 
-def drain_reason(repair: RepairRow) -> str:
-    """What ``sinfo -R`` shows: ``gpufleet: <repair id> <signature>``."""
-    return f"{DRAIN_REASON_PREFIX} {repair.id} {repair.signature_id or repair.action}"
+def hold_reason(repair: RepairRow) -> HoldReason:
+    """What ``sinfo -R`` shows while the repair holds its node."""
+    return repair_hold(repair.id, signature_id=repair.signature_id, action=repair.action)
 
 
 def parse_ts(value: Any) -> dt.datetime | None:

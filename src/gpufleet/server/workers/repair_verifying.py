@@ -33,9 +33,7 @@ from gpufleet.core.enums import (
     Severity,
     StartupStatus,
 )
-from gpufleet.core.errors import DriverError
 from gpufleet.core.signatures.catalog import get_signature
-from gpufleet.schedulers.base import DRAIN_REASON_PREFIX, Scheduler, SupportsDrain
 from gpufleet.server.db.tables import (
     AcceptanceRunRow,
     FindingRow,
@@ -45,12 +43,19 @@ from gpufleet.server.db.tables import (
 )
 from gpufleet.server.services.acceptance import create_acceptance_run
 from gpufleet.server.services.node_health import refresh_node_health
+from gpufleet.server.services.node_holds import record_release, release_in_scheduler
 from gpufleet.server.services.startup_scripts import (
     StartupTrigger,
     boot_key,
     ensure_startup,
 )
-from gpufleet.server.workers.repair_steps import LoadedRepair, StepBase, close_findings, parse_ts
+from gpufleet.server.workers.repair_steps import (
+    ACTOR,
+    LoadedRepair,
+    StepBase,
+    close_findings,
+    parse_ts,
+)
 
 _BAD = frozenset({Severity.CRITICAL.value, Severity.FATAL.value})
 # Actions after which the machine started again: its startup scripts run again.
@@ -74,18 +79,6 @@ def still_bad(finding: FindingRow, *, acted: dt.datetime) -> bool:
         signature.clear.mode == "repair"
     )  # fmt: skip
     return not clears_on_repair and finding.source != "kernel-log"
-
-
-async def foreign_reason(scheduler: Scheduler, name: str) -> str | None:
-    """The node's drain reason when it is someone else's (not ``gpufleet:``)."""
-    try:
-        nodes = await scheduler.list_nodes()
-    except DriverError:
-        return None
-    for node in nodes:
-        if node.name == name and node.reason and not node.reason.startswith(DRAIN_REASON_PREFIX):
-            return node.reason
-    return None
 
 
 class VerifyingSteps(StepBase):
@@ -257,16 +250,10 @@ class VerifyingSteps(StepBase):
             tx.step_event(tx.repair.detail, {"acceptance_run_id": run.id})
 
     async def _return_to_service(self, loaded: LoadedRepair) -> None:
-        scheduler = self.scheduler(loaded)
-        foreign: str | None = None
-        if isinstance(scheduler, SupportsDrain):
-            try:
-                await scheduler.resume(loaded.scheduler_name)  # only ever gpufleet's drain
-            except DriverError as exc:
-                foreign = await foreign_reason(scheduler, loaded.scheduler_name)
-                if foreign is None:
-                    await self.note(loaded, f"verified, but resume failed: {exc.message}")
-                    return
+        release = await release_in_scheduler(self.scheduler(loaded), loaded.scheduler_name)
+        if not release.settled:
+            await self.note(loaded, f"verified, but resume failed: {release.error}")
+            return
         self.failpoints.hit("repair.verifying.after_resume")
         async with self.locked(loaded) as tx:
             if tx is None:
@@ -283,12 +270,16 @@ class VerifyingSteps(StepBase):
                 staleness_s=self.staleness_s,
             )
             tx.node.state_detail = ""
-            if foreign is None:
-                tx.node_to(NodeState.IN_SERVICE, verified)
+            record_release(
+                tx.session, node=tx.node, project_id=tx.project_id, release=release,
+                actor=ACTOR, reason=verified, now=tx.now,
+            )  # fmt: skip
+            if release.kept_by is None:
                 tx.repair.detail = "verified; back in service"
             else:  # someone else's drain (an operator, NHC) stays: the node stays out
-                tx.node_to(NodeState.CORDONED, f"{verified}; kept out by {foreign!r}")
-                tx.repair.detail = f"verified; the node stays drained by someone else ({foreign!r})"
+                tx.repair.detail = (
+                    f"verified; the node stays drained by someone else ({release.kept_by!r})"
+                )
             tx.repair_to(
                 RepairStatus.SUCCEEDED,
                 "verified: the node reports every GPU and no critical finding recurred",
