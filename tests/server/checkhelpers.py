@@ -25,7 +25,7 @@ from gpufleet.core.clock import FakeClock
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.server.app import build_loops
 from gpufleet.server.services.check_backends.sim_tools import sim_host, toolbox_for
-from gpufleet.server.workers.checks import CheckRunner
+from gpufleet.server.workers.checks.runner import CheckRunner
 from gpufleet.sim.world import SimWorld
 from gpufleet.testing.app import RunningApp, make_settings, running_app
 
