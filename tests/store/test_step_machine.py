@@ -18,8 +18,11 @@ from gpufleet.core.ids import new_id
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import ClusterRow, ProjectRow
 from gpufleet.server.workers.base import (
+    Applied,
+    Guard,
     LeaseGuard,
     StatusGuard,
+    Step,
     StepContext,
     claim_row,
     dispatch,
@@ -46,6 +49,26 @@ async def _cluster(db: Database, now: dt.datetime) -> str:
     return cluster.id
 
 
+async def _claim(
+    db: Database, cluster_id: str, clock: FakeClock, owner: str, statuses: frozenset[str] = READY
+) -> str | None:
+    return await claim_row(
+        db,
+        row_type=ClusterRow,
+        row_id=cluster_id,
+        statuses=statuses,
+        owner=owner,
+        ttl_s=TTL_S,
+        now=clock.now(),
+    )
+
+
+def _apply(
+    db: Database, cluster_id: str, clock: FakeClock, guard: Guard[ClusterRow]
+) -> AbstractAsyncContextManager[Applied[ClusterRow] | None]:
+    return guarded_apply(db, row_type=ClusterRow, row_id=cluster_id, guard=guard, clock=clock)
+
+
 async def _detail(db: Database, cluster_id: str) -> str:
     async with db.session() as session:
         row = await session.get(ClusterRow, cluster_id)
@@ -58,21 +81,15 @@ async def test_a_row_is_claimed_by_one_owner_until_its_claim_expires(database_ur
     clock = FakeClock()
     try:
         cid = await _cluster(db, clock.now())
-
-        async def claim(owner: str, statuses: frozenset[str] = READY) -> str | None:
-            return await claim_row(
-                db, ClusterRow, cid, statuses=statuses, owner=owner, ttl_s=TTL_S, now=clock.now()
-            )
-
-        assert await claim("a", frozenset({ClusterStatus.DELETING.value})) is None
-        first = await claim("a")
+        assert await _claim(db, cid, clock, "a", frozenset({ClusterStatus.DELETING.value})) is None
+        first = await _claim(db, cid, clock, "a")
         assert first is not None
-        assert await claim("b") is None
+        assert await _claim(db, cid, clock, "b") is None
         # Its owner claims it again (a new pass of the same replica): a new token.
-        again = await claim("a")
+        again = await _claim(db, cid, clock, "a")
         assert again is not None and again != first
         clock.advance(TTL_S + 1)
-        taken = await claim("b")
+        taken = await _claim(db, cid, clock, "b")
         assert taken is not None and taken not in (first, again)
     finally:
         await db.dispose()
@@ -84,12 +101,7 @@ async def test_contending_replicas_claim_a_row_once(database_url: str) -> None:
     try:
         cid = await _cluster(replicas[0], clock.now())
         tokens = await asyncio.gather(
-            *(
-                claim_row(
-                    db, ClusterRow, cid, statuses=READY, owner=f"r{i}", ttl_s=TTL_S, now=clock.now()
-                )
-                for i, db in enumerate(replicas)
-            )
+            *(_claim(db, cid, clock, f"r{i}") for i, db in enumerate(replicas))
         )
         assert sum(t is not None for t in tokens) == 1
     finally:
@@ -102,13 +114,11 @@ async def test_the_apply_writes_only_while_this_pass_holds_the_row(database_url:
     clock = FakeClock()
     try:
         cid = await _cluster(db, clock.now())
-        mine = await claim_row(
-            db, ClusterRow, cid, statuses=READY, owner="a", ttl_s=TTL_S, now=clock.now()
-        )
+        mine = await _claim(db, cid, clock, "a")
         assert mine is not None
         ours = LeaseGuard(token=mine, statuses=READY)
         clock.advance(5)
-        async with guarded_apply(db, ClusterRow, cid, guard=ours, clock=clock) as applied:
+        async with _apply(db, cid, clock, ours) as applied:
             assert applied is not None
             assert applied.now == clock.now()  # stamped with the injected clock
             applied.row.status_detail = "written by a"
@@ -116,15 +126,11 @@ async def test_the_apply_writes_only_while_this_pass_holds_the_row(database_url:
 
         # a stalls past its claim, b takes the row over: a's late apply writes nothing.
         clock.advance(TTL_S + 1)
-        theirs = await claim_row(
-            db, ClusterRow, cid, statuses=READY, owner="b", ttl_s=TTL_S, now=clock.now()
-        )
+        theirs = await _claim(db, cid, clock, "b")
         assert theirs is not None
-        async with guarded_apply(db, ClusterRow, cid, guard=ours, clock=clock) as applied:
+        async with _apply(db, cid, clock, ours) as applied:
             assert applied is None
-        async with guarded_apply(
-            db, ClusterRow, cid, guard=LeaseGuard(token=theirs, statuses=READY), clock=clock
-        ) as applied:
+        async with _apply(db, cid, clock, LeaseGuard(token=theirs, statuses=READY)) as applied:
             assert applied is not None
 
         # A status guard: the row moved on since the step loaded it, so nothing is written.
@@ -135,9 +141,9 @@ async def test_the_apply_writes_only_while_this_pass_holds_the_row(database_url:
                 .where(ClusterRow.id == cid)
                 .values(status=ClusterStatus.DELETING.value)
             )
-        async with guarded_apply(db, ClusterRow, cid, guard=loaded_in, clock=clock) as applied:
+        async with _apply(db, cid, clock, loaded_in) as applied:
             assert applied is None
-        async with guarded_apply(db, ClusterRow, new_id(), guard=loaded_in, clock=clock) as applied:
+        async with _apply(db, new_id(), clock, loaded_in) as applied:
             assert applied is None  # a row that is gone
     finally:
         await db.dispose()
@@ -170,7 +176,13 @@ async def test_a_held_row_is_released_however_the_step_ends(database_url: str) -
 
         def held(owner: str) -> AbstractAsyncContextManager[str | None]:
             return hold_row(
-                db, ClusterRow, cid, statuses=READY, owner=owner, ttl_s=TTL_S, now=clock.now()
+                db,
+                row_type=ClusterRow,
+                row_id=cid,
+                statuses=READY,
+                owner=owner,
+                ttl_s=TTL_S,
+                now=clock.now(),
             )
 
         with pytest.raises(RuntimeError):
@@ -202,8 +214,12 @@ async def test_dispatch_runs_the_step_registered_for_the_status() -> None:
     async def start(ctx: str, loaded: int) -> None:
         seen.append(f"start {ctx} {loaded}")
 
-    steps = {ClusterStatus.PROVISIONING: start, ClusterStatus.READY: _Recorder(seen)}
-    assert await dispatch(steps, ClusterStatus.PROVISIONING, "ctx", 1) is True
-    assert await dispatch(steps, ClusterStatus.READY, "ctx", 2) is True
-    assert await dispatch(steps, ClusterStatus.DELETED, "ctx", 3) is False  # no step: nothing
+    steps: dict[ClusterStatus, Step[str, int]] = {
+        ClusterStatus.PROVISIONING: start,
+        ClusterStatus.READY: _Recorder(seen),
+    }
+    assert await dispatch(steps, key=ClusterStatus.PROVISIONING, ctx="ctx", loaded=1) is True
+    assert await dispatch(steps, key=ClusterStatus.READY, ctx="ctx", loaded=2) is True
+    # No step for a status: nothing to do.
+    assert await dispatch(steps, key=ClusterStatus.DELETED, ctx="ctx", loaded=3) is False
     assert seen == ["start ctx 1", "class ctx 2"]

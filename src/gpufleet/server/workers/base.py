@@ -176,7 +176,7 @@ class Applied(Generic[RowT]):
 
 @contextlib.asynccontextmanager
 async def guarded_apply(
-    db: Database, row_type: type[RowT], row_id: str, *, guard: Guard[RowT], clock: Clock
+    db: Database, *, row_type: type[RowT], row_id: str, guard: Guard[RowT], clock: Clock
 ) -> AsyncIterator[Applied[RowT] | None]:
     """The apply of load → act → apply: a transaction that re-reads the row under lock
     (``FOR UPDATE`` on PostgreSQL) and yields it while ``guard`` holds, else None."""
@@ -190,9 +190,9 @@ async def guarded_apply(
 
 async def claim_row(
     db: Database,
+    *,
     row_type: type[LeasedT],
     row_id: str,
-    *,
     statuses: Collection[str],
     owner: str,
     ttl_s: float,
@@ -225,7 +225,7 @@ async def claim_row(
     return token if result.rowcount == 1 else None
 
 
-async def release_row(db: Database, row_type: type[LeasedT], row_id: str, token: str) -> None:
+async def release_row(db: Database, *, row_type: type[LeasedT], row_id: str, token: str) -> None:
     """Give the claim back, if this pass still holds it."""
     columns = class_mapper(row_type).columns
     async with db.transaction() as session:
@@ -239,9 +239,9 @@ async def release_row(db: Database, row_type: type[LeasedT], row_id: str, token:
 @contextlib.asynccontextmanager
 async def hold_row(
     db: Database,
+    *,
     row_type: type[LeasedT],
     row_id: str,
-    *,
     statuses: Collection[str],
     owner: str,
     ttl_s: float,
@@ -250,13 +250,13 @@ async def hold_row(
     """A claim for the length of one step: the token (None: another replica has the
     row; do nothing), released afterwards however the step ended."""
     token = await claim_row(
-        db, row_type, row_id, statuses=statuses, owner=owner, ttl_s=ttl_s, now=now
+        db, row_type=row_type, row_id=row_id, statuses=statuses, owner=owner, ttl_s=ttl_s, now=now
     )
     try:
         yield token
     finally:
         if token is not None:
-            await release_row(db, row_type, row_id, token)
+            await release_row(db, row_type=row_type, row_id=row_id, token=token)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,12 +272,12 @@ class StepContext(Generic[RowT]):
     def apply(self) -> AbstractAsyncContextManager[Applied[RowT] | None]:
         """The guarded apply of this context's row."""
         return guarded_apply(
-            self.db, self.row_type, self.row_id, guard=self.guard, clock=self.clock
+            self.db, row_type=self.row_type, row_id=self.row_id, guard=self.guard, clock=self.clock
         )
 
 
 async def dispatch(
-    steps: Mapping[KeyT, Step[CtxT, LoadedT]], key: KeyT, ctx: CtxT, loaded: LoadedT
+    steps: Mapping[KeyT, Step[CtxT, LoadedT]], *, key: KeyT, ctx: CtxT, loaded: LoadedT
 ) -> bool:
     """Run the step registered for ``key`` (a status); False when none is (nothing to do
     in that status)."""

@@ -35,7 +35,7 @@ _PASSED_ON = ("scope", "min_bytes", "max_bytes", "fabric", "timeout_s")
 
 
 async def start_localisation(
-    session: AsyncSession, failed: CheckRunRow, cluster: ClusterRow, now: dt.datetime
+    session: AsyncSession, *, failed: CheckRunRow, cluster: ClusterRow, now: dt.datetime
 ) -> CheckRunRow:
     """The localisation run for ``failed`` (a multi-node NCCL run that failed)."""
     names = list((failed.progress or {}).get("nodes") or [])
@@ -122,7 +122,7 @@ async def localise(ctx: RunContext, loaded: Loaded) -> None:
             round_runs = {}
         probes = state.plan_round()
         if not probes:
-            await _finish(ctx, tx, state, history)
+            await _finish(ctx, tx, state=state, history=history)
             return
         ids = await _ids(tx.session, tx.cluster.id, [n for p in probes for n in p.nodes])
         params = {k: v for k, v in (tx.run.params or {}).items() if k in _PASSED_ON}
@@ -165,7 +165,9 @@ async def localise(ctx: RunContext, loaded: Loaded) -> None:
             tx.run.updated_at = tx.now
 
 
-async def _finish(ctx: RunContext, tx: Tx, state: Localiser, history: list[dict[str, Any]]) -> None:
+async def _finish(
+    ctx: RunContext, tx: Tx, *, state: Localiser, history: list[dict[str, Any]]
+) -> None:
     report = state.report()
     found = bool(report.bad_nodes or report.bad_links)
     target = (

@@ -43,7 +43,7 @@ def target_of(loaded: Loaded, node: NodeRow) -> NodeTarget:
 
 
 def plan_for(
-    loaded: Loaded, targets: list[NodeTarget], launcher: Launcher, stand: list[str] | None
+    loaded: Loaded, *, targets: list[NodeTarget], launcher: Launcher, stand: list[str] | None
 ) -> CheckPlan:
     plan = plan_check(loaded.kind, nodes=targets, params=loaded.run.params, launcher=launcher)
     if stand:
@@ -63,13 +63,13 @@ def rebuild_plan(loaded: Loaded, launcher: Launcher) -> CheckPlan:
     stored = loaded.progress.get("launcher")
     return plan_for(
         loaded,
-        targets,
-        Launcher(stored) if stored else launcher,
-        loaded.progress.get("stand_in"),
+        targets=targets,
+        launcher=Launcher(stored) if stored else launcher,
+        stand=loaded.progress.get("stand_in"),
     )
 
 
-def job_of(loaded: Loaded, plan: CheckPlan, *, now: dt.datetime) -> BackendJob:
+def job_of(loaded: Loaded, *, plan: CheckPlan, now: dt.datetime) -> BackendJob:
     return BackendJob(
         run_id=loaded.run.id,
         cluster_id=loaded.cluster.id,
@@ -81,7 +81,7 @@ def job_of(loaded: Loaded, plan: CheckPlan, *, now: dt.datetime) -> BackendJob:
 
 
 def evidence_tails(
-    loaded: Loaded, plan: CheckPlan, outputs: dict[str, InvocationOutput]
+    loaded: Loaded, *, plan: CheckPlan, outputs: dict[str, InvocationOutput]
 ) -> dict[str, str]:
     """The end of each judged node's output, by node id."""
     by_name = {n.name: n.id for n in loaded.nodes.values()}

@@ -83,8 +83,8 @@ class CheckRunner(LoopService):
         replica: the row's lease decides who acts."""
         async with hold_row(
             self.db,
-            CheckRunRow,
-            run_id,
+            row_type=CheckRunRow,
+            row_id=run_id,
             statuses=ACTIVE,
             owner=self.owner,
             ttl_s=self.lease_ttl_s,
@@ -107,7 +107,7 @@ class CheckRunner(LoopService):
                 agent_backend=self.agent_backend,
             )
             table = LOCALISATION_STEPS if "localiser" in loaded.progress else STEPS
-            await dispatch(table, CheckStatus(loaded.run.status), ctx, loaded)
+            await dispatch(table, key=CheckStatus(loaded.run.status), ctx=ctx, loaded=loaded)
 
     async def _load(self, run_id: str) -> Loaded | None:
         async with self.db.session() as session:

@@ -65,12 +65,12 @@ async def start(ctx: RunContext, loaded: Loaded) -> None:
     backend = ctx.backend_for(loaded.cluster)
     stand = stand_in_of(loaded, ctx.settings)
     targets = [target_of(loaded, n) for n in checked]
-    plan = plan_for(loaded, targets, backend.launcher, stand)
-    job = job_of(loaded, plan, now=ctx.clock.now())
+    plan = plan_for(loaded, targets=targets, launcher=backend.launcher, stand=stand)
+    job = job_of(loaded, plan=plan, now=ctx.clock.now())
     try:
         handles = await backend.start(job)
     except StartRefused as exc:
-        await _refused(ctx, loaded, str(exc))
+        await _refused(ctx, loaded, why=str(exc))
         return
     except DriverError as exc:
         with contextlib.suppress(DriverError, OSError):
@@ -149,7 +149,7 @@ def _skip(node: NodeRow, reason: str) -> dict[str, str]:
     return {"node_id": node.id, "node": node.name, "reason": reason}
 
 
-async def _refused(ctx: RunContext, loaded: Loaded, why: str) -> None:
+async def _refused(ctx: RunContext, loaded: Loaded, *, why: str) -> None:
     attempts = int(loaded.progress.get("start_attempts", 0)) + 1
     if attempts >= START_ATTEMPTS:
         await ctx.end(CheckStatus.ERROR, f"could not start after {attempts} tries: {why}")
@@ -169,7 +169,7 @@ async def follow(ctx: RunContext, loaded: Loaded) -> None:
     run = loaded.run
     backend = ctx.backend_named(loaded)
     plan = rebuild_plan(loaded, backend.launcher)
-    job = job_of(loaded, plan, now=ctx.clock.now())
+    job = job_of(loaded, plan=plan, now=ctx.clock.now())
     handles = dict(loaded.progress.get("handles") or {})
     now = ctx.clock.now()
     if loaded.progress.get("cancel"):
@@ -184,7 +184,7 @@ async def follow(ctx: RunContext, loaded: Loaded) -> None:
             return
         polled = None
     if polled is not None and polled.done:
-        await _finish(ctx, loaded, plan, polled.outputs)
+        await _finish(ctx, loaded, plan=plan, outputs=polled.outputs)
         return
     if run.deadline_at is not None and now >= run.deadline_at:
         outputs = {}
@@ -197,14 +197,14 @@ async def follow(ctx: RunContext, loaded: Loaded) -> None:
                     timed_out=True,
                     error=f"killed: the run's deadline ({run.deadline_at.isoformat()}) passed",
                 )
-        await _finish(ctx, loaded, plan, outputs)
+        await _finish(ctx, loaded, plan=plan, outputs=outputs)
         return
     if polled is not None and polled.note != run.detail:
         await ctx.note(polled.note, handles=polled.handles)
 
 
 async def _finish(
-    ctx: RunContext, loaded: Loaded, plan: CheckPlan, outputs: dict[str, InvocationOutput]
+    ctx: RunContext, loaded: Loaded, *, plan: CheckPlan, outputs: dict[str, InvocationOutput]
 ) -> None:
     cluster = loaded.cluster
     infos = [
@@ -222,7 +222,7 @@ async def _finish(
         expected_gpus=cluster.gpus_per_node,
         stand_in=bool(loaded.progress.get("stand_in")),
     )
-    tails = evidence_tails(loaded, plan, outputs)
+    tails = evidence_tails(loaded, plan=plan, outputs=outputs)
     status = CheckStatus.PASSED if verdict.passed else CheckStatus.FAILED
     async with ctx.locked() as tx:
         if tx is None:
@@ -233,7 +233,9 @@ async def _finish(
             "backend": tx.run.backend,
         }
         if _wants_localisation(tx.run, verdict):
-            child = await start_localisation(tx.session, tx.run, tx.cluster, tx.now)
+            child = await start_localisation(
+                tx.session, failed=tx.run, cluster=tx.cluster, now=tx.now
+            )
             result["localisation"] = {"run_id": child.id, "status": "running"}
         tx.run.result = result
         tx.run.raw_output = verdict.raw_output
