@@ -11,12 +11,12 @@ from gpufleet.checks.evaluate import check_output, reasons_for
 from gpufleet.checks.models import (
     CheckContext,
     CheckKind,
-    CheckResult,
     Outcome,
     ReasonCode,
     Verdict,
 )
 from gpufleet.checks.report import result_dict
+from gpufleet.checks.result import CheckResult
 from gpufleet.checks.thresholds import UnknownName
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "checks"

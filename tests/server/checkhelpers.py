@@ -23,7 +23,7 @@ from apihelpers import node_tokens
 
 from gpufleet.core.clock import FakeClock
 from gpufleet.server.services.check_backends.sim_tools import sim_host, toolbox_for
-from gpufleet.server.workers.checks import CheckRunner
+from gpufleet.server.workers.checks.runner import CheckRunner
 from gpufleet.sim.world import SimWorld
 from gpufleet.testing.app import RunningApp
 from gpufleet.testing.fleet import sim_fleet

@@ -28,7 +28,7 @@ from gpufleet.server.db.tables import (
     NodeCommandRow,
 )
 from gpufleet.server.services.checks import create_check_run
-from gpufleet.server.workers.checks import CheckRunner
+from gpufleet.server.workers.checks.runner import CheckRunner
 from gpufleet.testing.app import RunningApp
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpufleet.checks.evaluate import check_output
-from gpufleet.checks.models import CheckContext, CheckKind, CheckResult, Outcome
+from gpufleet.checks.models import CheckContext, CheckKind, Outcome
+from gpufleet.checks.result import CheckResult
 from gpufleet.checks.thresholds import get_thresholds
 from gpufleet.server.services.check_backends.sim_tools import (
     TOOLS,

@@ -18,11 +18,10 @@ from collections.abc import Callable
 
 from gpufleet.checks import judge
 from gpufleet.checks.dcgm import DcgmDiagResult, parse_dcgm_diag
-from gpufleet.checks.gpuburn import GpuBurnResult, parse_gpu_burn
+from gpufleet.checks.gpuburn import parse_gpu_burn
 from gpufleet.checks.models import (
     CheckContext,
     CheckKind,
-    CheckResult,
     GpuVerdict,
     NodeVerdict,
     Outcome,
@@ -34,9 +33,8 @@ from gpufleet.checks.models import (
 )
 from gpufleet.checks.nccl import NcclResult, parse_nccl
 from gpufleet.checks.perftest import IbWriteBwResult, parse_ib_write_bw
+from gpufleet.checks.result import CheckResult, ParsedOutput
 from gpufleet.checks.thresholds import ThresholdTable, get_thresholds
-
-ParsedOutput = DcgmDiagResult | NcclResult | IbWriteBwResult | GpuBurnResult
 
 
 def parse_output(kind: CheckKind, text: str) -> ParsedOutput:

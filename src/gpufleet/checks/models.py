@@ -1,10 +1,12 @@
 """What an active check produces: the verdict (pass / warn / fail with reasons, per node and
-per GPU) and the check result that keeps the raw output next to it.
+per GPU), and the error every parser raises.
 
 The parsed figures are tool-specific and live with each parser (``nccl.NcclResult``,
 ``dcgm.DcgmDiagResult``, ``perftest.IbWriteBwResult``, ``gpuburn.GpuBurnResult``); this
-module holds only what every check shares. Everything here is a frozen dataclass: a result
-is a record of what happened, never edited after the fact.
+module holds only what every check shares, below the parsers (they import it; it imports
+none of them). The result that holds a parse next to its verdict is ``result.CheckResult``.
+Everything here is a frozen dataclass: a verdict is a record of what happened, never
+edited after the fact.
 """
 
 from __future__ import annotations
@@ -12,15 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, TypeAlias
-
-if TYPE_CHECKING:  # the parsers import this module; their result types are only annotations
-    from gpufleet.checks.dcgm import DcgmDiagResult
-    from gpufleet.checks.gpuburn import GpuBurnResult
-    from gpufleet.checks.nccl import NcclResult
-    from gpufleet.checks.perftest import IbWriteBwResult
-
-    ParsedOutput: TypeAlias = DcgmDiagResult | NcclResult | IbWriteBwResult | GpuBurnResult
 
 
 class CheckKind(StrEnum):
@@ -149,21 +142,3 @@ class Verdict:
     def passed(self) -> bool:
         """A warning still passes; only ``FAIL`` fails (exit 1, node not accepted)."""
         return self.outcome is not Outcome.FAIL
-
-
-@dataclass(frozen=True, slots=True)
-class CheckResult:
-    """A check's output, what the parser made of it, and the verdict; raw output kept.
-
-    ``parsed`` is the tool's typed result, or ``None`` when the output was not recognised
-    (``verdict`` then fails with ``NOT_RECOGNIZED``).
-    """
-
-    kind: CheckKind
-    raw: str
-    parsed: ParsedOutput | None
-    verdict: Verdict
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict.passed

@@ -10,9 +10,10 @@ from typing import Any
 
 from gpufleet.checks.dcgm import DcgmDiagResult
 from gpufleet.checks.gpuburn import GpuBurnResult
-from gpufleet.checks.models import CheckKind, CheckResult, Reason, Verdict
+from gpufleet.checks.models import CheckKind, Reason, Verdict
 from gpufleet.checks.nccl import NcclResult
 from gpufleet.checks.perftest import IbWriteBwResult
+from gpufleet.checks.result import CheckResult
 
 # The top-level keys of each kind, always present (null when the output had no figure).
 SUMMARY_KEYS: dict[CheckKind, tuple[str, ...]] = {

@@ -19,8 +19,9 @@ import typer
 from rich.text import Text
 
 from gpufleet.checks.evaluate import check_output
-from gpufleet.checks.models import CheckContext, CheckKind, CheckResult, Outcome
+from gpufleet.checks.models import CheckContext, CheckKind, Outcome
 from gpufleet.checks.report import result_dict, summary
+from gpufleet.checks.result import CheckResult
 from gpufleet.checks.thresholds import UnknownName, get_thresholds
 from gpufleet.cli import config
 from gpufleet.cli.errors import EXIT_FAILURE, CliError

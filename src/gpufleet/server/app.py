@@ -53,7 +53,8 @@ from gpufleet.server.web.router import install_console
 from gpufleet.server.workers.acceptance import AcceptanceLoop
 from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
-from gpufleet.server.workers.checks import CheckRunner, default_check_settings
+from gpufleet.server.workers.checks.context import default_check_settings
+from gpufleet.server.workers.checks.runner import CheckRunner
 from gpufleet.server.workers.health import HealthLoop
 from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop

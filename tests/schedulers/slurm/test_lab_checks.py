@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from labfleet import LabFleet, lab_fleet
 
-from gpufleet.server.workers.checks import CheckRunner
+from gpufleet.server.workers.checks.runner import CheckRunner
 from gpufleet.testing.slurm_lab import SlurmLab
 
 pytestmark = pytest.mark.slow

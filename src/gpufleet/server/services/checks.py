@@ -1,7 +1,7 @@
 """Active check runs: create, list, show, cancel; the one function that changes a run's
 status.
 
-A run is created ``pending``; the check runner (``workers/checks.py``) takes it from there:
+A run is created ``pending``; the check runner (``workers/checks/``) takes it from there:
 it skips nodes that run a job (unless forced), starts the commands through a backend,
 follows them, judges the output and sets the outcome. Creating a run touches no network,
 so ``create_check_run`` can sit inside any transaction (the acceptance suite's too).
