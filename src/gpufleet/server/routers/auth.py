@@ -16,10 +16,10 @@ from fastapi.responses import RedirectResponse
 
 import gpufleet.server.services.logins as login_services
 import gpufleet.server.services.sessions as session_services
+import gpufleet.server.services.users as users_services
 from gpufleet.core.errors import InvalidInput, NotFound, Unauthorized
-from gpufleet.core.models import AuthConfig, CreatedToken, Membership, User
+from gpufleet.core.models import AuthConfig, CreatedToken, Membership
 from gpufleet.server.context import AppContext
-from gpufleet.server.db.tables import UserRow
 from gpufleet.server.deps import CtxDep, SignedIn, client_ip
 from gpufleet.server.limits import RateLimiter
 from gpufleet.server.schemas.auth import AuthMe, CreateDeviceTokenRequest
@@ -209,17 +209,15 @@ async def logout(request: Request, caller: SignedIn, ctx: CtxDep) -> Response:
 @router.get("/me")
 async def me(request: Request, caller: SignedIn, ctx: CtxDep) -> AuthMe:
     async with ctx.db.session() as session:
-        user = await session.get(UserRow, caller.user_id)
+        user = await users_services.get_signed_in_user(session, caller=caller)
         expires_at = None
         if caller.auth_method == "session":
             expires_at = await session_services.get_session_expiry(
                 session, session_id=caller.token_id
             )
-    if user is None:
-        raise Unauthorized("your user no longer exists")
     secret = request.cookies.get(session_services.SESSION_COOKIE)
     return AuthMe(
-        user=User.model_validate(user),
+        user=user,
         memberships=[
             Membership(project_id=p, user_id=caller.user_id, role=r)
             for p, r in sorted(caller.memberships.items())

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, status
-from sqlalchemy import select
 
 import gpufleet.server.services.tokens as tokens_services
-from gpufleet.core.models import ApiToken, CallerToken, CreatedToken, Me, Membership, User
+import gpufleet.server.services.users as users_services
+from gpufleet.core.models import ApiToken, CreatedToken, Me
 from gpufleet.core.rbac import Permission
-from gpufleet.server.db.tables import UserRow
 from gpufleet.server.deps import Allow, CtxDep, SignedIn
 from gpufleet.server.schemas.tokens import CreateTokenRequest
 from gpufleet.server.services.auth import Caller
@@ -79,15 +78,4 @@ async def revoke_token(
 @router.get("/me")
 async def me(caller: SignedIn, ctx: CtxDep) -> Me:
     async with ctx.db.session() as session:
-        user = await session.scalar(select(UserRow).where(UserRow.id == caller.user_id))
-    assert user is not None
-    return Me(
-        user=User.model_validate(user),
-        memberships=[
-            Membership(project_id=p, user_id=caller.user_id, role=r)
-            for p, r in caller.memberships.items()
-        ],
-        token=CallerToken(
-            id=caller.token_id, project_id=caller.token_project_id, role=caller.token_role
-        ),
-    )
+        return await users_services.get_me(session, caller=caller)

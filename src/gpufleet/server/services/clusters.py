@@ -122,6 +122,14 @@ async def get_cluster_row_or_error(
     return row
 
 
+async def get_cluster_or_error(
+    session: AsyncSession, *, caller: Caller, cluster_id: str
+) -> Cluster:
+    """A cluster the caller may see, without node counts (cheaper than ``get_cluster``)."""
+    row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
+    return cluster_row_to_cluster(row)
+
+
 async def create_cluster(
     session: AsyncSession,
     *,

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.health import is_stale
+from gpufleet.core.models import Cluster
 from gpufleet.core.repair.models import OPEN_STATUSES
 from gpufleet.server.db.tables import ClusterRow, FindingRow, GpuRow, NodeRow, RepairRow
 
@@ -67,9 +68,10 @@ class HealthGrid:
 
 
 async def load_health_grid(
-    session: AsyncSession, *, cluster: ClusterRow, staleness_s: float, now: dt.datetime
+    session: AsyncSession, *, cluster: Cluster | ClusterRow, staleness_s: float, now: dt.datetime
 ) -> HealthGrid:
-    """The grid of a cluster the caller may already see (``get_cluster_row_or_error``).
+    """The grid of a cluster the caller may already see (``get_cluster_row_or_error``;
+    the console passes the domain ``Cluster`` it built from that row).
 
     Most GPUs are healthy, so GPUs are not read one row each: the node query counts each
     node's GPUs and their highest index, and only the GPUs that are not healthy (and the

@@ -118,6 +118,13 @@ async def get_node_row_or_error(
     return result[0], result[1]
 
 
+async def find_node_id(session: AsyncSession, *, cluster_id: str, name: str) -> str | None:
+    """The node of that name in a cluster the caller may already see, removed or not."""
+    return await session.scalar(
+        select(NodeRow.id).where(NodeRow.cluster_id == cluster_id, NodeRow.name == name)
+    )
+
+
 async def get_node(
     session: AsyncSession, *, caller: Caller, node_id: str, staleness_s: float, now: dt.datetime
 ) -> Node:

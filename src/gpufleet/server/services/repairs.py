@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpufleet.core.enums import EventKind, NodeState, RepairAction, RepairStatus
 from gpufleet.core.errors import Conflict, DriverError, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
-from gpufleet.core.models import Breaker, Page, Repair
+from gpufleet.core.models import Breaker, Cluster, Node, Page, Repair
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import (
     ACTIVE_STATUSES,
@@ -306,7 +306,7 @@ async def get_repair(
 
 
 async def jobs_on_node(
-    drivers: DriverRegistry, *, cluster: ClusterRow, node: NodeRow
+    drivers: DriverRegistry, *, cluster: Cluster | ClusterRow, node: Node | NodeRow
 ) -> list[dict[str, Any]]:
     """The jobs, users and projects (accounts) on a node, for a human; an unreadable
     scheduler is said so, never shown as "no jobs"."""

@@ -11,13 +11,35 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.clock import utcnow
-from gpufleet.core.errors import Conflict, Forbidden
+from gpufleet.core.errors import Conflict, Forbidden, Unauthorized
 from gpufleet.core.ids import new_id
-from gpufleet.core.models import User
+from gpufleet.core.models import CallerToken, Me, Membership, User
 from gpufleet.server.db.tables import UserRow
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.projects import get_user_row_or_error
+
+
+async def get_signed_in_user(session: AsyncSession, *, caller: Caller) -> User:
+    """The caller's own user; Unauthorized if it is gone since the credential was read."""
+    row = await session.get(UserRow, caller.user_id)
+    if row is None:
+        raise Unauthorized("your user no longer exists")
+    return User.model_validate(row)
+
+
+async def get_me(session: AsyncSession, *, caller: Caller) -> Me:
+    """Who the credential belongs to, the projects they are in, and the token's scope."""
+    return Me(
+        user=await get_signed_in_user(session, caller=caller),
+        memberships=[
+            Membership(project_id=p, user_id=caller.user_id, role=r)
+            for p, r in caller.memberships.items()
+        ],
+        token=CallerToken(
+            id=caller.token_id, project_id=caller.token_project_id, role=caller.token_role
+        ),
+    )
 
 
 def _require_owner(caller: Caller) -> None:

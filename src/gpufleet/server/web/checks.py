@@ -51,12 +51,12 @@ async def checks_tab(
         runs: Page[CheckRun] = await checks_services.list_check_runs(
             session,
             caller=user.caller,
-            cluster_id=page.row.id,
+            cluster_id=page.cluster.id,
             cursor=cursor or None,
             limit=RUNS_PAGE,
         )
         acceptance = await acceptance_services.list_acceptance_runs(
-            session, caller=user.caller, cluster_id=page.row.id, limit=ACCEPTANCE_RUNS
+            session, caller=user.caller, cluster_id=page.cluster.id, limit=ACCEPTANCE_RUNS
         )
     base = f"/clusters/{page.cluster.id}"
     return render_page(
@@ -82,13 +82,13 @@ async def run_check(cluster_id: str, request: Request, ctx: CtxDep, user: WebUse
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
     base = f"/clusters/{page.cluster.id}"
     request.state.form_next = request.state.form_next or f"{base}/checks"
-    require(user.caller, Permission.CHECK_RUN, page.row.project_id)
+    require(user.caller, Permission.CHECK_RUN, page.cluster.project_id)
     names = [n.strip() for n in first(form, "nodes").replace(",", " ").split() if n.strip()]
     level = first(form, "level").strip()
     try:
         kind = CheckKind(first(form, "check"))
         body = CreateCheckRunRequest(
-            cluster=page.row.id,
+            cluster=page.cluster.id,
             check=kind,
             nodes=names or None,
             level=int(level) if level and kind is CheckKind.DCGM_DIAG else None,
@@ -113,7 +113,7 @@ async def _run(
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         run = await checks_services.get_check_run(session, caller=user.caller, run_id=run_id)
-    if run.cluster_id != page.row.id:
+    if run.cluster_id != page.cluster.id:
         raise NotFound(f"check run {run_id!r} not found in this cluster", field="check_id")
     return page, run
 

@@ -50,11 +50,11 @@ async def health_tab(cluster_id: str, request: Request, ctx: CtxDep, user: WebUs
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         events = await events_services.list_events(
             session,
-            project_ids=[page.row.project_id],
-            cluster_id=page.row.id,
+            project_ids=[page.cluster.project_id],
+            cluster_id=page.cluster.id,
             limit=RECENT_EVENTS,
         )
-    grid = await grid_cache(request).get(ctx, page.row)
+    grid = await grid_cache(request).get(ctx, page.cluster)
     base = f"/clusters/{page.cluster.id}"
     return render_page(
         request,
@@ -97,13 +97,13 @@ async def events_tab(
             node_row, node_cluster = await get_node_row_or_error(
                 session, caller=user.caller, node_id=node
             )
-            if node_cluster.id != page.row.id:
+            if node_cluster.id != page.cluster.id:
                 raise InvalidInput("that node is not in this cluster", field="node")
             node_name = node_row.name
         listed = await events_services.list_events(
             session,
-            project_ids=[page.row.project_id],
-            cluster_id=page.row.id,
+            project_ids=[page.cluster.project_id],
+            cluster_id=page.cluster.id,
             node_id=node or None,
             kinds=kind,
             since=now - dt.timedelta(seconds=SINCE_CHOICES[since]) if since else None,

@@ -38,7 +38,7 @@ async def configuration_tab(
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         cluster = await clusters_services.get_cluster(
-            session, caller=user.caller, cluster_id=page.row.id,
+            session, caller=user.caller, cluster_id=page.cluster.id,
             staleness_s=ctx.settings.staleness_s, now=ctx.clock.now(),
         )  # fmt: skip
     return render_page(
@@ -57,7 +57,7 @@ async def update_configuration(
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
     back = f"/clusters/{page.cluster.id}/configuration"
     request.state.form_next = back
-    require(user.caller, Permission.CLUSTER_CREATE, page.row.project_id)
+    require(user.caller, Permission.CLUSTER_CREATE, page.cluster.project_id)
     # A checkbox sends nothing when unticked: a hidden "0" comes first, the box's "1" after.
     acceptance = form.get("acceptance_tests", ["0"])[-1] == "1"
     scripts = [s.replace("\r\n", "\n") for s in form.get("script", []) if s.strip()]
@@ -73,7 +73,7 @@ async def update_configuration(
         raise InvalidInput(describe_validation_errors(list(exc.errors()))[0]) from None
     async with ctx.db.transaction() as session:
         await clusters_services.update_cluster(
-            session, caller=user.caller, cluster_id=page.row.id, request=body,
+            session, caller=user.caller, cluster_id=page.cluster.id, request=body,
             staleness_s=ctx.settings.staleness_s, now=ctx.clock.now(),
         )  # fmt: skip
     response = redirect(back)

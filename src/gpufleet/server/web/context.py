@@ -8,13 +8,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.models import Cluster
+from gpufleet.core.models import Cluster, Project
 from gpufleet.core.rbac import Permission
-from gpufleet.server.db.tables import ClusterRow, ProjectRow
 from gpufleet.server.services.auth import Caller
-from gpufleet.server.services.clusters import cluster_row_to_cluster, get_cluster_row_or_error
+from gpufleet.server.services.console import load_cluster_header
 from gpufleet.server.web.session import WebUser
-from gpufleet.server.web.versions import checks_version, cluster_version, repair_counts
 
 
 @dataclass(frozen=True)
@@ -49,9 +47,8 @@ def permissions(caller: Caller, project_id: str) -> dict[str, bool]:
 
 @dataclass(frozen=True)
 class ClusterPage:
-    row: ClusterRow
     cluster: Cluster  # without node counts: tabs that need them load their own
-    project: ProjectRow
+    project: Project
     can: dict[str, bool]
     pending_repairs: int
     versions: dict[str, str]
@@ -75,20 +72,11 @@ async def load_cluster_page(
     session: AsyncSession, *, user: WebUser, cluster_id: str
 ) -> ClusterPage:
     """NotFound for a cluster the viewer cannot see (the same answer as a missing one)."""
-    row = await get_cluster_row_or_error(session, caller=user.caller, cluster_id=cluster_id)
-    project = await session.get(ProjectRow, row.project_id)
-    assert project is not None  # clusters reference their project (RESTRICT)
-    pending, repairs = await repair_counts(session, row.id)
+    header = await load_cluster_header(session, caller=user.caller, cluster_id=cluster_id)
     return ClusterPage(
-        row=row,
-        cluster=cluster_row_to_cluster(row),
-        project=project,
-        can=permissions(user.caller, row.project_id),
-        pending_repairs=pending,
-        # What the page shows was read at these versions; the live poll compares its own.
-        versions={
-            "repairs": repairs,
-            "checks": await checks_version(session, row.id),
-            "cluster": cluster_version(row),
-        },
+        cluster=header.cluster,
+        project=header.project,
+        can=permissions(user.caller, header.cluster.project_id),
+        pending_repairs=header.pending_repairs,
+        versions=header.versions,
     )

@@ -25,25 +25,17 @@ import gpufleet.server.services.events as events_services
 from gpufleet.core.enums import EventKind
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.core.ids import is_id
-from gpufleet.core.models import Event
+from gpufleet.core.models import Cluster, Event
 from gpufleet.server.context import AppContext
-from gpufleet.server.db.tables import (
-    ClusterRow,
-)
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import error_body, status_for
-from gpufleet.server.services.clusters import get_cluster_row_or_error
+from gpufleet.server.services.clusters import get_cluster_or_error
+from gpufleet.server.services.console import cluster_versions, node_version
 from gpufleet.server.services.health_grid import HealthGrid, load_health_grid
 from gpufleet.server.services.nodes import get_node_row_or_error
 from gpufleet.server.web.grid import attention, gpu_problems, grid_changes, render_grid
 from gpufleet.server.web.session import LoginRequired, web_user
 from gpufleet.server.web.templating import render_text
-from gpufleet.server.web.versions import (
-    checks_version,
-    cluster_version,
-    node_version,
-    repair_counts,
-)
 
 router = APIRouter(include_in_schema=False)
 
@@ -90,7 +82,7 @@ class GridCache:
         while len(versions) > self.kept:
             versions.popitem(last=False)
 
-    async def get(self, ctx: AppContext, cluster: ClusterRow) -> HealthGrid:
+    async def get(self, ctx: AppContext, cluster: Cluster) -> HealthGrid:
         """The cluster's grid; read again when the cached one is older than the TTL.
         The caller has checked that the viewer may see the cluster."""
         entry = self._entry(cluster.id)
@@ -149,9 +141,7 @@ async def live(
         if (after and not is_id(after)) or (node and not is_id(node)):
             raise InvalidInput("after and node are ids this server issued")
         async with ctx.db.session() as session:
-            cluster = await get_cluster_row_or_error(
-                session, caller=user.caller, cluster_id=cluster_id
-            )
+            cluster = await get_cluster_or_error(session, caller=user.caller, cluster_id=cluster_id)
             events = None
             if after:
                 page = await events_services.list_events(
@@ -159,12 +149,7 @@ async def live(
                     node_id=node or None, kinds=kind, limit=EVENTS_PER_POLL,
                 )  # fmt: skip
                 events = [e for e in page.items if e.id > after]
-            pending, repairs_version = await repair_counts(session, cluster.id)
-            versions = {
-                "repairs": repairs_version,
-                "checks": await checks_version(session, cluster.id),
-                "cluster": cluster_version(cluster),
-            }
+            pending, versions = await cluster_versions(session, cluster)
             if node:
                 _row, node_cluster = await get_node_row_or_error(
                     session, caller=user.caller, node_id=node

@@ -9,7 +9,6 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
-from sqlalchemy import select
 
 import gpufleet.server.services.events as events_services
 import gpufleet.server.services.findings as findings_services
@@ -18,20 +17,19 @@ import gpufleet.server.services.repair_actions as actions
 import gpufleet.server.services.repairs as repairs_services
 from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.errors import DriverError, InvalidInput, NotFound
-from gpufleet.core.models import Node, NodeAction
+from gpufleet.core.models import Cluster, Node, NodeAction
 from gpufleet.core.rbac import Permission
-from gpufleet.server.db.tables import ClusterRow, NodeRow
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import describe_validation_errors
 from gpufleet.server.schemas.repairs import REPAIR_NODE_ACTIONS, NodeActionRequest
 from gpufleet.server.services.auth import require
+from gpufleet.server.services.console import node_version
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.services.telemetry_history import HISTORY_WINDOWS, load_node_history
 from gpufleet.server.web.charts import node_charts
 from gpufleet.server.web.context import ClusterPage, load_cluster_page
 from gpufleet.server.web.routing import HtmlRoute, redirect, render_page
 from gpufleet.server.web.session import WebUser, WebUserDep, first, read_form, set_flash
-from gpufleet.server.web.versions import node_version
 
 router = APIRouter(route_class=HtmlRoute, include_in_schema=False)
 
@@ -96,7 +94,7 @@ def offered_actions(state: NodeState, *, repairing: bool) -> list[ActionInfo]:
     return out
 
 
-async def _jobs_by_node(ctx: CtxDep, cluster: ClusterRow) -> dict[str, list[str]] | str:
+async def _jobs_by_node(ctx: CtxDep, cluster: Cluster) -> dict[str, list[str]] | str:
     """Scheduler node name → job ids, read once for the page; or why it could not be read
     (never shown as "no jobs")."""
     try:
@@ -121,8 +119,8 @@ async def nodes_tab(
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         if name:
-            found = await session.scalar(
-                select(NodeRow.id).where(NodeRow.cluster_id == page.row.id, NodeRow.name == name)
+            found = await nodes_services.find_node_id(
+                session, cluster_id=page.cluster.id, name=name
             )
             if found is not None:
                 return redirect(f"/clusters/{page.cluster.id}/nodes/{found}")
@@ -131,14 +129,14 @@ async def nodes_tab(
             caller=user.caller,
             staleness_s=ctx.settings.staleness_s,
             now=now,
-            cluster_id=page.row.id,
+            cluster_id=page.cluster.id,
             state=state,
             health=health,
             cursor=cursor or None,
             limit=NODES_PAGE,
             with_gpus=True,
         )
-    jobs = await _jobs_by_node(ctx, page.row)
+    jobs = await _jobs_by_node(ctx, page.cluster)
     filters = [(k, v) for k, v in (("state", state), ("health", health)) if v is not None]
     base = f"/clusters/{page.cluster.id}"
     query = [(k, v.value) for k, v in filters]
@@ -180,7 +178,7 @@ async def _node_page(
             staleness_s=ctx.settings.staleness_s,
             now=ctx.clock.now(),
         )
-    if node.cluster_id != page.row.id:
+    if node.cluster_id != page.cluster.id:
         raise NotFound(f"node {node_id!r} not found in this cluster", field="node_id")
     return page, node
 
@@ -209,16 +207,14 @@ async def node_page(
             session, caller=user.caller, node_id=node.id, limit=10
         )
         events = await events_services.list_events(
-            session, project_ids=[page.row.project_id], cluster_id=page.row.id,
+            session, project_ids=[page.cluster.project_id], cluster_id=page.cluster.id,
             node_id=node.id, limit=20,
         )  # fmt: skip
         history = await load_node_history(
             session, node_id=node.id, since=now - HISTORY_WINDOWS[window], until=now
         )
-        node_row = await session.get(NodeRow, node.id)
         versions = {**page.versions, "node": await node_version(session, node.id)}
-    assert node_row is not None
-    jobs = await repairs_services.jobs_on_node(ctx.drivers, cluster=page.row, node=node_row)
+    jobs = await repairs_services.jobs_on_node(ctx.drivers, cluster=page.cluster, node=node)
     repairing = any(r.status.value in _ACTIVE for r in repairs.items)
     base = f"/clusters/{page.cluster.id}"
     return render_page(
@@ -278,7 +274,7 @@ async def confirm_action_page(
     """The confirmation without JavaScript (with it, a dialog asks on the node's page)."""
     info = _action_or_404(action)
     page, node = await _node_page(ctx, user, cluster_id, node_id)
-    require(user.caller, Permission.NODE_ACTION, page.row.project_id)
+    require(user.caller, Permission.NODE_ACTION, page.cluster.project_id)
     return render_page(
         request,
         "confirm.html",
@@ -306,7 +302,7 @@ async def node_action(
     page, node = await _node_page(ctx, user, cluster_id, node_id)
     back = request.state.form_next or f"/clusters/{page.cluster.id}/nodes/{node.id}"
     request.state.form_next = back
-    require(user.caller, Permission.NODE_ACTION, page.row.project_id)
+    require(user.caller, Permission.NODE_ACTION, page.cluster.project_id)
     gpu = first(form, "gpu_index")
     try:
         body = NodeActionRequest(

@@ -68,13 +68,13 @@ async def repairs_tab(
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         open_ = await repairs_services.list_repairs(
-            session, caller=user.caller, cluster_id=page.row.id, open_only=True, limit=500
+            session, caller=user.caller, cluster_id=page.cluster.id, open_only=True, limit=500
         )
         recent = await repairs_services.list_repairs(
-            session, caller=user.caller, cluster_id=page.row.id, limit=RECENT_REPAIRS
+            session, caller=user.caller, cluster_id=page.cluster.id, limit=RECENT_REPAIRS
         )
     breaker = await actions.show_breaker(
-        ctx.db, caller=user.caller, cluster_id=page.row.id,
+        ctx.db, caller=user.caller, cluster_id=page.cluster.id,
         default_policy=ctx.default_repair_policy,
     )  # fmt: skip
     proposed = [r for r in open_.items if r.status is RepairStatus.PROPOSED]
@@ -105,7 +105,7 @@ async def _repair(
         repair = await repairs_services.get_repair(
             session, caller=user.caller, repair_id=repair_id, drivers=ctx.drivers
         )
-    if repair.cluster_id != page.row.id:
+    if repair.cluster_id != page.cluster.id:
         raise NotFound(f"repair {repair_id!r} not found in this cluster", field="repair_id")
     return page, repair
 
@@ -120,7 +120,7 @@ async def repair_page(
     if repair.node_id is not None:
         async with ctx.db.session() as session:
             listed = await events_services.list_events(
-                session, project_ids=[page.row.project_id], cluster_id=page.row.id,
+                session, project_ids=[page.cluster.project_id], cluster_id=page.cluster.id,
                 node_id=repair.node_id, since=repair.created_at, limit=200,
                 kinds=[EventKind.REPAIR_PROPOSED, EventKind.REPAIR_UPDATED,
                        EventKind.REPAIR_STATUS, EventKind.REPAIR_STEP, EventKind.NODE_STATE,
@@ -149,7 +149,7 @@ async def confirm_decision_page(
     if decision not in ("approve", "dismiss"):
         raise NotFound(f"no repair decision {decision!r}")
     page, repair = await _repair(ctx, user, cluster_id, repair_id)
-    require(user.caller, Permission.REPAIR_APPROVE, page.row.project_id)
+    require(user.caller, Permission.REPAIR_APPROVE, page.cluster.project_id)
     base = f"/clusters/{page.cluster.id}"
     approve = decision == "approve"
     return render_page(
@@ -181,7 +181,7 @@ async def approve(
     form = await read_form(request, csrf=user.csrf)
     page, repair = await _repair(ctx, user, cluster_id, repair_id)
     request.state.form_next = request.state.form_next or f"/clusters/{page.cluster.id}/repairs"
-    require(user.caller, Permission.REPAIR_APPROVE, page.row.project_id)
+    require(user.caller, Permission.REPAIR_APPROVE, page.cluster.project_id)
     body = _validated(ApproveRepairRequest, first(form, "reason").strip())
     assert isinstance(body, ApproveRepairRequest)
     done = await actions.approve_repair(
@@ -204,7 +204,7 @@ async def dismiss(
     form = await read_form(request, csrf=user.csrf)
     page, repair = await _repair(ctx, user, cluster_id, repair_id)
     request.state.form_next = request.state.form_next or f"/clusters/{page.cluster.id}/repairs"
-    require(user.caller, Permission.REPAIR_APPROVE, page.row.project_id)
+    require(user.caller, Permission.REPAIR_APPROVE, page.cluster.project_id)
     body = _validated(DismissRepairRequest, first(form, "reason").strip())
     assert isinstance(body, DismissRepairRequest)
     done = await actions.dismiss_repair(
@@ -224,11 +224,11 @@ async def reset_breaker(
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
     request.state.form_next = request.state.form_next or f"/clusters/{page.cluster.id}/repairs"
-    require(user.caller, Permission.POLICY_MANAGE, page.row.project_id)
+    require(user.caller, Permission.POLICY_MANAGE, page.cluster.project_id)
     body = _validated(ResetBreakerRequest, first(form, "reason").strip())
     assert isinstance(body, ResetBreakerRequest)
     await actions.reset_cluster_breaker(
-        ctx.db, caller=user.caller, cluster_id=page.row.id, request=body,
+        ctx.db, caller=user.caller, cluster_id=page.cluster.id, request=body,
         default_policy=ctx.default_repair_policy, now=ctx.clock.now(),
     )  # fmt: skip
     response = redirect(request.state.form_next)

@@ -40,9 +40,9 @@ async def utilization_tab(
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         history = await load_cluster_history(
-            session, cluster_id=page.row.id, since=now - span, until=now
+            session, cluster_id=page.cluster.id, since=now - span, until=now
         )
-        nodes = await nodes_now(session, cluster_id=page.row.id)
+        nodes = await nodes_now(session, cluster_id=page.cluster.id)
     reporting = [n for n in nodes if n.util_avg is not None]
     ranked = sorted(reporting, key=lambda n: n.util_avg or 0.0, reverse=True)
     gpus = sum(n.gpus for n in reporting)

@@ -1,24 +1,32 @@
-"""Versions of what a page shows: small reads whose answer changes when the data behind
-a part of a page changes. A page is rendered with them; the live poll returns them again,
-and the page's script fetches the page anew for the parts whose version moved."""
+"""What the console's cluster pages read besides the API's services: the header every
+cluster tab shows, and the versions of what a page shows.
+
+Versions are small reads whose answer changes when the data behind a part of a page
+changes. A page is rendered with them; the live poll returns them again, and the page's
+script fetches the page anew for the parts whose version moved."""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import RepairStatus
+from gpufleet.core.models import Cluster, Project
 from gpufleet.server.db.tables import (
     AcceptanceRunRow,
     CheckRunRow,
-    ClusterRow,
     FindingRow,
     GpuRow,
     NodeRow,
+    ProjectRow,
     RepairRow,
 )
+from gpufleet.server.services.auth import Caller
+from gpufleet.server.services.clusters import cluster_row_to_cluster, get_cluster_row_or_error
+from gpufleet.server.services.projects import project_row_to_project
 
 
 async def repair_counts(session: AsyncSession, cluster_id: str) -> tuple[int, str]:
@@ -85,6 +93,44 @@ async def node_version(session: AsyncSession, node_id: str) -> str:
     return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
 
-def cluster_version(cluster: ClusterRow) -> str:
+def cluster_version(cluster: Cluster) -> str:
     """Changes with what a cluster page's header shows: status and health."""
     return f"{cluster.status}|{cluster.health}|{cluster.status_detail}"
+
+
+async def cluster_versions(session: AsyncSession, cluster: Cluster) -> tuple[int, dict[str, str]]:
+    """(repairs waiting for approval, the versions every cluster page is rendered with
+    and the live poll compares: repairs, checks, cluster)."""
+    pending, repairs = await repair_counts(session, cluster.id)
+    return pending, {
+        "repairs": repairs,
+        "checks": await checks_version(session, cluster.id),
+        "cluster": cluster_version(cluster),
+    }
+
+
+@dataclass(frozen=True)
+class ClusterHeader:
+    """What every cluster tab shows around its content."""
+
+    cluster: Cluster  # without node counts: tabs that need them load their own
+    project: Project
+    pending_repairs: int
+    versions: dict[str, str]  # what the page shows was read at these versions
+
+
+async def load_cluster_header(
+    session: AsyncSession, *, caller: Caller, cluster_id: str
+) -> ClusterHeader:
+    """NotFound for a cluster the caller cannot see (the same answer as a missing one)."""
+    row = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
+    project = await session.get(ProjectRow, row.project_id)
+    assert project is not None  # clusters reference their project (RESTRICT)
+    cluster = cluster_row_to_cluster(row)
+    pending, versions = await cluster_versions(session, cluster)
+    return ClusterHeader(
+        cluster=cluster,
+        project=project_row_to_project(project),
+        pending_repairs=pending,
+        versions=versions,
+    )
