@@ -72,7 +72,7 @@ async def _requested(ctx: RepairContext, loaded: LoadedRepair) -> bool:
     return await _mark_requested(ctx, loaded) is not None
 
 
-# -- reboot, reprovision, reset_gpu ------------------------------------------------------
+# -- reboot, reprovision, reset_gpu -----------------------------------------------------
 
 
 async def _restart(ctx: RepairContext, loaded: LoadedRepair, action: RepairAction) -> None:
@@ -175,7 +175,7 @@ async def _acted(ctx: RepairContext, loaded: LoadedRepair, reason: str) -> None:
     )
 
 
-# -- failover ------------------------------------------------------------------------------
+# -- failover ---------------------------------------------------------------------------
 
 
 async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
@@ -247,7 +247,7 @@ async def _swap(
         )
 
 
-# -- remove ----------------------------------------------------------------------------------
+# -- remove -----------------------------------------------------------------------------
 
 
 async def _remove(ctx: RepairContext, loaded: LoadedRepair) -> None:

@@ -116,22 +116,12 @@ class RepairExecutor(LoopService):
 
     async def step_once(self, repair_id: str) -> RepairStatus | None:
         """One step; returns the status it started from (None: nothing to do)."""
-        loaded = await self._load(repair_id)
+        loaded = await self.load(repair_id)
         if loaded is None:
             return None
         self.steps += 1
         status = RepairStatus(loaded.repair.status)
-        ctx = RepairContext(
-            db=self.db,
-            clock=self.clock,
-            row_type=RepairRow,
-            row_id=repair_id,
-            guard=status_guard(loaded),
-            drivers=self.drivers,
-            server_url=self.server_url,
-            failpoints=self.failpoints,
-            staleness_s=self.staleness_s,
-        )
+        ctx = self.context(loaded)
         gone = NodeState(loaded.node.state) in (NodeState.REMOVING, NodeState.REMOVED)
         if gone and RepairAction(loaded.repair.action) is not RepairAction.REMOVE:
             await ctx.transition(
@@ -141,7 +131,23 @@ class RepairExecutor(LoopService):
             await dispatch(STEPS, key=status, ctx=ctx, loaded=loaded)
         return status
 
-    async def _load(self, repair_id: str) -> LoadedRepair | None:
+    def context(self, loaded: LoadedRepair) -> RepairContext:
+        """What a step of ``loaded`` is given: its applies write while the repair is
+        still in the status it was loaded in."""
+        return RepairContext(
+            db=self.db,
+            clock=self.clock,
+            row_type=RepairRow,
+            row_id=loaded.repair.id,
+            guard=status_guard(loaded),
+            drivers=self.drivers,
+            server_url=self.server_url,
+            failpoints=self.failpoints,
+            staleness_s=self.staleness_s,
+        )
+
+    async def load(self, repair_id: str) -> LoadedRepair | None:
+        """An active repair with its node, cluster and policy (None: nothing to do)."""
         async with self.db.session() as session:
             repair = await session.get(RepairRow, repair_id)
             if repair is None or RepairStatus(repair.status) not in ACTIVE_STATUSES:

@@ -151,7 +151,7 @@ async def verify(ctx: RepairContext, loaded: LoadedRepair) -> None:
         )
 
 
-# -- startup scripts and re-acceptance ---------------------------------------------------
+# -- startup scripts and re-acceptance --------------------------------------------------
 
 
 async def _reaccept(ctx: RepairContext, loaded: LoadedRepair) -> bool:
@@ -255,7 +255,7 @@ async def _start_acceptance(ctx: RepairContext, loaded: LoadedRepair) -> None:
         tx.step_event(tx.repair.detail, {"acceptance_run_id": run.id})
 
 
-# -- back in service ---------------------------------------------------------------------
+# -- back in service --------------------------------------------------------------------
 
 
 async def _return_to_service(ctx: RepairContext, loaded: LoadedRepair) -> None:
