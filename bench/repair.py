@@ -72,8 +72,8 @@ from gpufleet.server.app import build_loops
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import AuditLogRow, EventRow, FindingRow, NodeRow, RepairRow
 from gpufleet.server.settings import ServerSettings
-from gpufleet.server.workers.repair_executor import RepairExecutor
-from gpufleet.server.workers.repair_planner import RepairPlanner
+from gpufleet.server.workers.repairs.executor import RepairExecutor
+from gpufleet.server.workers.repairs.planner import RepairPlanner
 from gpufleet.sim.models import USER_DATA_TOKEN, SimInstanceState
 from gpufleet.testing.app import RunningApp, make_settings, running_app
 from ingest import BodyMaker, NodeSpec

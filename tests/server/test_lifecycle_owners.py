@@ -38,11 +38,9 @@ NODE_CALLER_OWNER = "gpufleet/server/services/node_callers.py"
 OTHER_TOKEN_TABLES = frozenset({"ApiTokenRow", "WebSessionRow"})
 
 WORKERS = "gpufleet/server/workers/"
-# Step classes that still inherit from two classes. The repair executor is one class spread
-# over three files (repair_executor.py, repair_acting.py, repair_verifying.py); the pass that
-# moves repairs onto workers/base.py's step shape (steps in a table, given a context)
-# removes this entry.
-KNOWN_MIXINS = frozenset({"gpufleet/server/workers/repair_executor.py: RepairExecutor"})
+# Step classes that still inherit from two classes ("module: Class"); the pass that moves
+# one onto workers/base.py's step shape (steps in a table, given a context) removes it.
+KNOWN_MIXINS: frozenset[str] = frozenset()
 # Bases that mark a class's kind rather than give it behaviour from elsewhere.
 MARKER_BASES = frozenset({"Protocol", "Generic"})
 

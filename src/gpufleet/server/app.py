@@ -58,8 +58,8 @@ from gpufleet.server.workers.checks.runner import CheckRunner
 from gpufleet.server.workers.health import HealthLoop
 from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
-from gpufleet.server.workers.repair_executor import RepairExecutor
-from gpufleet.server.workers.repair_planner import RepairPlanner
+from gpufleet.server.workers.repairs.executor import RepairExecutor
+from gpufleet.server.workers.repairs.planner import RepairPlanner
 from gpufleet.server.workers.telemetry import TelemetryPruneLoop
 
 log = logging.getLogger(__name__)

@@ -1,15 +1,16 @@
-"""What every repair step shares: loading a repair, the guarded apply, notes, failure.
+"""What a repair step is given (``RepairContext``), and the applies every step shares.
 
-A step is load → act → apply (STYLE §7). ``locked()`` is the apply: a transaction that
-re-reads the repair and its node under lock and yields nothing if the repair moved on
-since it was loaded (another pass, a dismissal), so a step that lost a race writes
-nothing. ``Tx`` then changes the node and the repair through the one function each
-entity has, with the step's actor and time.
+A step gets the context and the repair as loaded (``LoadedRepair``). Its apply is
+``ctx.locked(loaded)``: the repair and its node re-read under lock while the repair is
+still in the status the step loaded it in (``Tx``), or None when it moved on since
+(another pass, a dismissal), so a step that lost a race writes nothing. The executor's
+loop lease makes it the only writer of repairs in these statuses, so the guard is the
+loaded status (``StatusGuard``), not a row claim. ``Tx`` changes the node and the repair
+through the one function each entity has, with the step's actor and time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
@@ -20,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import EventKind, NodeState, RepairStatus
 from gpufleet.core.holds import HoldReason, repair_hold
-from gpufleet.core.repair.models import ACTIVE_STATUSES, PolicyConfig
+from gpufleet.core.repair.models import PolicyConfig
 from gpufleet.providers.base import Provider
 from gpufleet.schedulers.base import Scheduler
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
@@ -29,10 +30,9 @@ from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.findings import close_findings_for_repair
 from gpufleet.server.services.nodes import switch_node_state
-from gpufleet.server.services.repair_policy import load_policy
 from gpufleet.server.services.repairs import switch_repair_status
 from gpufleet.server.services.schedulers import scheduler_for
-from gpufleet.server.workers.base import LoopDeps, LoopService
+from gpufleet.server.workers.base import StatusGuard, StepContext
 
 ACTOR = "system:repairs"
 
@@ -49,7 +49,8 @@ def parse_ts(value: Any) -> dt.datetime | None:
 
 @dataclasses.dataclass
 class LoadedRepair:
-    """A repair as one step saw it when it started."""
+    """A repair as one step saw it when it started, with its node, cluster and the
+    project's repair policy."""
 
     repair: RepairRow
     node: NodeRow
@@ -116,45 +117,21 @@ class Tx:
         )
 
 
-class StepBase(LoopService):
-    """The executor's state and the helpers its steps share."""
+def status_guard(loaded: LoadedRepair) -> StatusGuard:
+    """A repair step's apply guard: the repair is still where the step loaded it."""
+    return StatusGuard(statuses=frozenset({loaded.repair.status}))
 
-    def __init__(
-        self,
-        deps: LoopDeps,
-        *,
-        interval_s: float,
-        drivers: DriverRegistry,
-        server_url: Callable[[], str],
-        default_policy: PolicyConfig | None = None,
-        failpoints: Failpoints | None = None,
-        staleness_s: float = 45.0,
-        # Steps in flight; under the store's connection pool (10 + 10 overflow on
-        # PostgreSQL) so a pass never waits for, or churns, connections.
-        concurrency: int = 16,
-    ) -> None:
-        super().__init__(deps, interval_s=interval_s)
-        self.drivers = drivers
-        self.server_url = server_url
-        self.default_policy = default_policy or PolicyConfig()
-        self.failpoints = failpoints or Failpoints()
-        self.staleness_s = staleness_s
-        self._limit = asyncio.Semaphore(concurrency)
-        self.steps = 0
 
-    async def load(self, repair_id: str) -> LoadedRepair | None:
-        async with self.db.session() as session:
-            repair = await session.get(RepairRow, repair_id)
-            if repair is None or RepairStatus(repair.status) not in ACTIVE_STATUSES:
-                return None
-            cluster = await session.get(ClusterRow, repair.cluster_id)
-            node = await session.get(NodeRow, repair.node_id) if repair.node_id else None
-            if cluster is None or node is None:
-                return None
-            policy = await load_policy(
-                session, project_id=cluster.project_id, default=self.default_policy
-            )
-        return LoadedRepair(repair=repair, node=node, cluster=cluster, policy=policy)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RepairContext(StepContext[RepairRow]):
+    """One step of one repair: the executor's drivers, the server's URL (for a machine's
+    user data), the failpoints a crash test sets, and the repair, guarded by the status
+    it was loaded in (``status_guard``)."""
+
+    drivers: DriverRegistry
+    server_url: Callable[[], str]
+    failpoints: Failpoints
+    staleness_s: float  # seconds without a report before a node's health is unknown
 
     def scheduler(self, loaded: LoadedRepair) -> Scheduler:
         return scheduler_for(self.drivers, loaded.cluster)
@@ -162,16 +139,28 @@ class StepBase(LoopService):
     def provider(self, loaded: LoadedRepair) -> Provider:
         return self.drivers.provider(loaded.cluster.provider)
 
+    def now_iso(self) -> str:
+        """Now, as ``progress`` records a time."""
+        return self.clock.now().isoformat()
+
     @contextlib.asynccontextmanager
     async def locked(self, loaded: LoadedRepair) -> AsyncIterator[Tx | None]:
         """The guarded apply: None when the repair moved on since ``loaded``."""
-        async with self.db.transaction() as session:
-            repair = await session.get(RepairRow, loaded.repair.id, with_for_update=True)
-            node = await session.get(NodeRow, loaded.node.id, with_for_update=True)
-            if repair is None or node is None or repair.status != loaded.repair.status:
+        async with self.apply() as applied:
+            if applied is None:
                 yield None
-            else:
-                yield Tx(session, repair, node, loaded.cluster.project_id, self.clock.now())
+                return
+            node = await applied.session.get(NodeRow, loaded.node.id, with_for_update=True)
+            if node is None:
+                yield None
+                return
+            yield Tx(
+                session=applied.session,
+                repair=applied.row,
+                node=node,
+                project_id=loaded.cluster.project_id,
+                now=applied.now,
+            )
 
     async def transition(
         self,
@@ -183,6 +172,8 @@ class StepBase(LoopService):
         progress: dict[str, Any] | None = None,
         detail: str | None = None,
     ) -> bool:
+        """Move the repair on (and its node, to ``node_target``); False: it moved on
+        already."""
         async with self.locked(loaded) as tx:
             if tx is None:
                 return False

@@ -1,0 +1,276 @@
+"""The acting step (acting → verifying): reboot, reprovision, reset a GPU, fail over to a
+new host, remove.
+
+Every provider call is guarded by what ``progress`` recorded before it was made:
+``requested_at`` is written before the provider is asked, and after a crash the
+machine's ``booted_at`` says whether the reboot already happened, so it is never asked
+twice. A failover's replacement has the repair id as its idempotency key.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import select
+
+from gpufleet.core.enums import NodeState, RepairAction, RepairStatus
+from gpufleet.core.errors import DriverError, InvalidInput
+from gpufleet.providers.base import (
+    Instance,
+    InstanceState,
+    Provider,
+    ProvisionRequest,
+    SupportsGpuReset,
+    SupportsReboot,
+    SupportsReprovision,
+)
+from gpufleet.server.db.tables import GpuRow, NodeRow
+from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
+from gpufleet.server.workers.repairs.context import (
+    LoadedRepair,
+    RepairContext,
+    close_findings,
+    parse_ts,
+)
+
+
+async def act(ctx: RepairContext, loaded: LoadedRepair) -> None:
+    action = RepairAction(loaded.repair.action)
+    if action is RepairAction.FAILOVER:
+        await _failover(ctx, loaded)
+    elif action is RepairAction.REMOVE:
+        await _remove(ctx, loaded)
+    else:
+        await _restart(ctx, loaded, action)
+
+
+def _booted_since(instance: Instance | None, since: dt.datetime) -> bool:
+    return instance is not None and instance.booted_at is not None and instance.booted_at >= since
+
+
+async def _mark_requested(ctx: RepairContext, loaded: LoadedRepair) -> dt.datetime | None:
+    """Record, before the provider is asked, that it is about to be: the node goes to
+    repairing. Returns the time recorded (None if the repair moved on)."""
+    async with ctx.locked(loaded) as tx:
+        if tx is None:
+            return None
+        requested = parse_ts((tx.repair.progress or {}).get("requested_at"))
+        if requested is not None:
+            return requested
+        tx.progress(requested_at=tx.now.isoformat())
+        tx.repair.detail = f"asking {loaded.cluster.provider} to {tx.repair.action}"
+        tx.node_to(NodeState.REPAIRING, f"repair {tx.repair.id}: {tx.repair.action}")
+        now = tx.now
+    loaded.repair.progress = {**loaded.progress, "requested_at": now.isoformat()}
+    return now
+
+
+async def _requested(ctx: RepairContext, loaded: LoadedRepair) -> bool:
+    """The request is on record (recorded now if it was not); False: moved on."""
+    if parse_ts(loaded.progress.get("requested_at")) is not None:
+        return True
+    return await _mark_requested(ctx, loaded) is not None
+
+
+# -- reboot, reprovision, reset_gpu -----------------------------------------------------
+
+
+async def _restart(ctx: RepairContext, loaded: LoadedRepair, action: RepairAction) -> None:
+    """reboot, reprovision, reset_gpu: ask once, then wait for the machine."""
+    provider = ctx.provider(loaded)
+    instance_id = loaded.node.provider_instance_id
+    if instance_id is None:
+        await ctx.fail(loaded, "the node has no machine to act on")
+        return
+    requested = parse_ts(loaded.progress.get("requested_at"))
+    if loaded.progress.get("called_at") is None:
+        if requested is None:
+            if await _mark_requested(ctx, loaded) is None:
+                return
+            ctx.failpoints.hit("repair.acting.before_call")
+        elif action is not RepairAction.RESET_GPU and _booted_since(
+            await provider.get_instance(instance_id), requested
+        ):
+            # Crashed between asking and recording it: the boot time says it happened.
+            await ctx.note(loaded, f"{action.value} already under way", called_at=ctx.now_iso())
+            return
+        try:
+            await _call(ctx, loaded, provider, action, instance_id)
+        except (DriverError, InvalidInput) as exc:
+            await ctx.fail(loaded, f"{action.value} failed: {exc.message}")
+            return
+        ctx.failpoints.hit("repair.acting.after_call")
+        if action is RepairAction.RESET_GPU:
+            where = "all GPUs" if loaded.repair.gpu_index is None else (
+                f"GPU {loaded.repair.gpu_index}"
+            )  # fmt: skip
+            await _acted(ctx, loaded, f"GPU reset done ({where})")
+            return
+        await ctx.note(
+            loaded, f"{action.value} asked; waiting for the machine", called_at=ctx.now_iso()
+        )
+        return
+    assert requested is not None
+    instance = await provider.get_instance(instance_id)
+    if instance is None or instance.state is InstanceState.TERMINATED:
+        await ctx.fail(loaded, f"machine {instance_id} is gone")
+    elif instance.state is InstanceState.FAILED:
+        await ctx.fail(loaded, f"machine did not come back after {action.value}: {instance.error}")
+    elif instance.state is InstanceState.RUNNING and _booted_since(instance, requested):
+        await _acted(ctx, loaded, f"{action.value} done: machine {instance_id} is running")
+    elif (ctx.clock.now() - requested).total_seconds() > loaded.policy.verify_timeout_s:
+        await ctx.fail(
+            loaded,
+            f"machine not back {loaded.policy.verify_timeout_s:.0f} s after {action.value}",
+        )
+
+
+async def _call(
+    ctx: RepairContext,
+    loaded: LoadedRepair,
+    provider: Provider,
+    action: RepairAction,
+    instance_id: str,
+) -> None:
+    if action is RepairAction.REBOOT:
+        if not isinstance(provider, SupportsReboot):
+            raise InvalidInput(f"provider {provider.kind} cannot reboot machines")
+        await provider.reboot(instance_id)
+    elif action is RepairAction.REPROVISION:
+        if not isinstance(provider, SupportsReprovision):
+            raise InvalidInput(f"provider {provider.kind} cannot reprovision machines")
+        token = generate_token(NODE_TOKEN_PREFIX)
+        async with ctx.db.transaction() as session:
+            node = await session.get(NodeRow, loaded.node.id, with_for_update=True)
+            if node is None:
+                return
+            node.token_hash = hash_token(token)  # a fresh install gets a fresh token
+        await provider.reprovision(instance_id, user_data=_user_data(ctx, loaded, token))
+    elif action is RepairAction.RESET_GPU:
+        if not isinstance(provider, SupportsGpuReset):
+            raise InvalidInput(
+                f"provider {provider.kind} cannot reset GPUs (on real nodes this goes "
+                "through the agent's command channel, not built yet)"
+            )
+        await provider.reset_gpu(instance_id, gpu_index=loaded.repair.gpu_index)
+    else:
+        raise InvalidInput(f"no provider call for action {action.value}")
+
+
+def _user_data(ctx: RepairContext, loaded: LoadedRepair, token: str) -> dict[str, str]:
+    return {
+        "gpufleet_url": ctx.server_url(),
+        "gpufleet_node_token": token,
+        "gpufleet_scheduler": loaded.cluster.scheduler,
+    }
+
+
+async def _acted(ctx: RepairContext, loaded: LoadedRepair, reason: str) -> None:
+    await ctx.transition(
+        loaded,
+        RepairStatus.VERIFYING,
+        reason,
+        progress={"acted_at": ctx.now_iso()},
+        detail="waiting for the node to report clean",
+    )
+
+
+# -- failover ---------------------------------------------------------------------------
+
+
+async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
+    """Provision a replacement, wait for it, move the node onto it, retire the old."""
+    provider = ctx.provider(loaded)
+    if loaded.progress.get("swapped_at"):
+        old = loaded.progress.get("old_instance_id")
+        if isinstance(old, str):
+            await provider.terminate(old)
+        await _acted(ctx, loaded, f"failed over to machine {loaded.node.provider_instance_id}")
+        return
+    if not await _requested(ctx, loaded):
+        return
+    token = generate_token(NODE_TOKEN_PREFIX)
+    request = ProvisionRequest(
+        client_token=f"{loaded.repair.id}/failover",
+        cluster_id=loaded.cluster.id,
+        node_name=loaded.node.name,
+        gpu_model=loaded.cluster.gpu_model,
+        gpu_count=loaded.cluster.gpus_per_node,
+        user_data=_user_data(ctx, loaded, token),
+    )
+    try:
+        # Idempotent by client token: the same replacement every pass (its user data,
+        # and so its node token, refreshed to the one whose hash the swap stores).
+        instance = await provider.provision(request)
+    except DriverError as exc:
+        await ctx.note(loaded, f"no replacement machine yet: {exc.message}")
+        return
+    if instance.state is InstanceState.FAILED:
+        await provider.terminate(instance.instance_id)
+        await ctx.fail(loaded, f"replacement machine failed to boot: {instance.error}")
+    elif instance.state is not InstanceState.RUNNING:
+        await ctx.note(
+            loaded,
+            f"waiting for replacement machine {instance.instance_id}",
+            replacement_instance_id=instance.instance_id,
+        )
+    else:
+        ctx.failpoints.hit("repair.acting.after_call")
+        await _swap(ctx, loaded, instance, token_hash=hash_token(token))
+
+
+async def _swap(
+    ctx: RepairContext, loaded: LoadedRepair, instance: Instance, *, token_hash: str
+) -> None:
+    async with ctx.locked(loaded) as tx:
+        if tx is None:
+            return
+        node = tx.node
+        old = node.provider_instance_id
+        node.provider_instance_id = instance.instance_id
+        node.token_hash = token_hash
+        node.serial = instance.serial
+        node.hostname = instance.hostname or node.hostname
+        node.bmc_address = instance.bmc_address
+        node.rack, node.leaf_switch = instance.rack, instance.leaf_switch
+        node.pdu = instance.pdu
+        node.last_report_at = None
+        for gpu in await tx.session.scalars(
+            select(GpuRow).where(GpuRow.node_id == node.id, GpuRow.removed_at.is_(None))
+        ):
+            gpu.removed_at = tx.now  # the old host's GPUs leave with it
+        await close_findings(tx, why="the node moved to a new host")
+        tx.progress(old_instance_id=old, swapped_at=tx.now.isoformat())
+        tx.step_event(
+            f"node moved from machine {old} to {instance.instance_id} (serial {instance.serial})",
+            {"old_instance_id": old, "new_instance_id": instance.instance_id},
+        )
+
+
+# -- remove -----------------------------------------------------------------------------
+
+
+async def _remove(ctx: RepairContext, loaded: LoadedRepair) -> None:
+    """Give the machine back and take the node out of the cluster, flagged for
+    hardware service."""
+    if not await _requested(ctx, loaded):
+        return
+    instance_id = loaded.node.provider_instance_id
+    if instance_id is not None:
+        await ctx.provider(loaded).terminate(instance_id)
+    ctx.failpoints.hit("repair.acting.after_call")
+    async with ctx.locked(loaded) as tx:
+        if tx is None:
+            return
+        why = (
+            f"repair {tx.repair.id}: removed for hardware service "
+            f"(host {tx.repair.host or tx.node.serial}, {tx.repair.signature_id})"
+        )
+        tx.node_to(NodeState.REMOVING, why)
+        tx.node_to(NodeState.REMOVED, why)
+        tx.node.token_hash = None
+        await close_findings(tx, why=why)
+        tx.progress(hardware_service=True)
+        given_back = f"machine {instance_id} given back; flagged for hardware service"
+        tx.repair_to(RepairStatus.VERIFYING, given_back)
+        tx.repair_to(RepairStatus.SUCCEEDED, given_back)

@@ -1,0 +1,138 @@
+"""Draining: draining → acting once no job runs on the node (``drain``); and admins'
+drains with no repair behind them, draining → drained (``settle_manual_drains``).
+
+The jobs are read each pass; a scheduler that cannot be read means wait, never kill
+(fail closed). At the drain timeout the policy says wait or requeue; jobs are killed only
+when an admin forced the repair.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from gpufleet.core.clock import Clock
+from gpufleet.core.enums import NodeState, RepairStatus
+from gpufleet.core.errors import DriverError
+from gpufleet.core.repair.models import ACTIVE_STATUSES, DrainTimeoutAction
+from gpufleet.schedulers.base import SchedJob, SupportsDown, SupportsRequeue
+from gpufleet.server.db.engine import Database
+from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
+from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.services.node_holds import down_in_scheduler
+from gpufleet.server.services.nodes import switch_node_state
+from gpufleet.server.services.schedulers import scheduler_for
+from gpufleet.server.workers.repairs.context import (
+    ACTOR,
+    LoadedRepair,
+    RepairContext,
+    hold_reason,
+)
+
+# -- draining → acting ------------------------------------------------------------------
+
+
+async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
+    scheduler = ctx.scheduler(loaded)
+    name = loaded.scheduler_name
+    try:
+        jobs = await scheduler.jobs_on_node(name)
+    except DriverError as exc:
+        # Fail closed: if we cannot see the jobs, we cannot know they are gone.
+        await ctx.note(loaded, f"job state unreadable, waiting (nothing is killed): {exc.message}")
+        return
+    if not jobs:
+        ctx.failpoints.hit("repair.draining.after_empty")
+        await ctx.transition(
+            loaded,
+            RepairStatus.ACTING,
+            "drained: no job runs on the node",
+            node_target=NodeState.DRAINED,
+        )
+        return
+    repair, policy = loaded.repair, loaded.policy
+    now = ctx.clock.now()
+    waited = (now - (repair.step_started_at or now)).total_seconds()
+    listing = _listing(jobs)
+    timed_out = waited >= policy.drain_timeout_s
+    if (loaded.progress.get("kill_now") or (repair.forced and timed_out)) and isinstance(
+        scheduler, SupportsDown
+    ):
+        try:
+            await down_in_scheduler(scheduler, name, reason=hold_reason(repair))
+        except DriverError as exc:
+            await ctx.note(loaded, f"force: kill failed, retrying: {exc.message}")
+            return
+        await ctx.note(
+            loaded,
+            f"forced by an admin: killed {len(jobs)} job(s): {listing}",
+            killed_at=now.isoformat(),
+            kill_now=False,
+        )
+    elif not timed_out or loaded.progress.get("requeued_at"):
+        await ctx.note(loaded, f"waiting for {len(jobs)} job(s) to end: {listing}")
+    elif policy.drain_timeout_action is DrainTimeoutAction.REQUEUE and isinstance(
+        scheduler, SupportsRequeue
+    ):
+        try:
+            requeued = await scheduler.requeue_jobs(name)
+        except DriverError as exc:
+            await ctx.note(loaded, f"requeue failed, waiting: {exc.message}")
+            return
+        await ctx.note(
+            loaded,
+            f"drain timeout ({policy.drain_timeout_s:.0f} s): requeued "
+            f"{', '.join(requeued) or 'no job'}",
+            requeued_at=now.isoformat(),
+        )
+    else:
+        await ctx.note(
+            loaded,
+            f"drain timeout ({policy.drain_timeout_s:.0f} s) passed; still waiting for "
+            f"{listing} (policy: wait; an admin may force)",
+        )
+
+
+def _listing(jobs: list[SchedJob]) -> str:
+    shown = ", ".join(f"{j.job_id} ({j.user}, {j.account})" for j in jobs[:5])
+    return shown + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
+
+
+# -- manual drains ----------------------------------------------------------------------
+
+
+async def settle_manual_drains(db: Database, *, clock: Clock, drivers: DriverRegistry) -> None:
+    """An admin's drain (no repair behind it): draining → drained once no job runs."""
+    async with db.session() as session:
+        active = select(RepairRow.node_id).where(
+            RepairRow.status.in_([s.value for s in ACTIVE_STATUSES]),
+            RepairRow.node_id.is_not(None),
+        )
+        rows = (
+            await session.execute(
+                select(NodeRow, ClusterRow)
+                .join(ClusterRow, ClusterRow.id == NodeRow.cluster_id)
+                .where(NodeRow.state == NodeState.DRAINING.value, NodeRow.id.not_in(active))
+            )
+        ).all()
+    for node, cluster in rows:
+        try:
+            jobs = await scheduler_for(drivers, cluster).jobs_on_node(
+                node.scheduler_name or node.name
+            )
+        except DriverError:
+            continue  # unreadable: stay draining
+        if jobs:
+            continue
+        async with db.transaction() as session:
+            row = await session.get(NodeRow, node.id, with_for_update=True)
+            if row is None or row.state != NodeState.DRAINING.value:
+                continue
+            switch_node_state(
+                session,
+                node=row,
+                project_id=cluster.project_id,
+                target=NodeState.DRAINED,
+                actor=ACTOR,
+                reason="drained: no job runs on the node",
+                now=clock.now(),
+            )
