@@ -149,8 +149,8 @@ async def _call(
     elif action is RepairAction.RESET_GPU:
         if not isinstance(provider, SupportsGpuReset):
             raise InvalidInput(
-                f"provider {provider.kind} cannot reset GPUs (on real nodes this goes "
-                "through the agent's command channel, not built yet)"
+                f"provider {provider.kind} cannot reset GPUs; choose a reboot for this node "
+                "(only a provider that implements SupportsGpuReset resets one GPU)"
             )
         await provider.reset_gpu(instance_id, gpu_index=loaded.repair.gpu_index)
     else:
