@@ -3,8 +3,8 @@
 A step gets the context and the run as the runner loaded it (``Loaded``). Its apply is
 ``ctx.locked()``: the run re-read under lock while it is still in the stage the step
 loaded it in (``StageGuard``), with its cluster (``Tx``); None when the run moved on and
-the step must write nothing. The acceptance loop holds its loop lease, so it is the only
-writer of its runs: a stage guard is enough, the run needs no claim of its own.
+the step must write nothing. Only the acceptance loop moves a run's stage, and it holds
+its loop lease: a stage guard is enough, the run needs no claim of its own.
 """
 
 from __future__ import annotations
