@@ -44,6 +44,7 @@ from gpufleet.checks.models import CheckKind
 from gpufleet.checks.runners import Launcher, NodeTarget, normalise_params, plan_check
 from gpufleet.core.acceptance import DEFAULT_SUITE, canonical_json, content_hash
 from gpufleet.core.clock import FakeClock
+from gpufleet.core.enums import AcceptanceStage
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.server.app import build_loops
@@ -239,7 +240,8 @@ def offline_report(size: int) -> tuple[int, int, float]:
             started_at=now,
             finished_at=now,
         )
-        stage = "cluster" if check.scope.value == "cluster" else "node"
+        cluster_wide = check.scope.value == "cluster"
+        stage = AcceptanceStage.CLUSTER if cluster_wide else AcceptanceStage.NODE
         entry = CheckEntry(row.id, check.kind, check.label, stage, tuple(row.node_ids), 0, i)
         checks.append((entry, row))
     run = AcceptanceRunRow(

@@ -50,7 +50,7 @@ from gpufleet.server.services.auth import bootstrap_owner
 from gpufleet.server.settings import ServerSettings
 from gpufleet.server.sim_wiring import SimBundle, build_sim
 from gpufleet.server.web.router import install_console
-from gpufleet.server.workers.acceptance import AcceptanceLoop
+from gpufleet.server.workers.acceptance.runner import AcceptanceLoop
 from gpufleet.server.workers.accounting import AccountingLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
 from gpufleet.server.workers.checks.context import default_check_settings

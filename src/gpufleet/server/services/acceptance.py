@@ -1,7 +1,7 @@
 """Acceptance runs: create (provisioning, repair, an admin's request), list, show, report.
 
 A run holds the cluster's suite as it was when the run began. The acceptance loop
-(``workers/acceptance.py``) carries it out: node-level checks first, then the
+(``workers/acceptance/``) carries it out: node-level checks first, then the
 cluster-wide ones over the nodes that passed, then the report, then the nodes' and the
 cluster's new states. See docs/acceptance.md.
 """

@@ -3,7 +3,7 @@ against ``core.transitions`` (``ACCEPTANCE_TRANSITIONS``, ``ACCEPTANCE_STAGE_TRA
 each change one event and one audit row (``services/transitions.py``).
 
 Status: pending → running → passed | failed | error | cancelled. Stage, forward only:
-node → cluster → gating → done (see ``workers/acceptance_steps.py``).
+node → cluster → gating → done (see ``workers/acceptance/``).
 """
 
 from __future__ import annotations

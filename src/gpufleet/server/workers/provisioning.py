@@ -1,10 +1,12 @@
 """The provisioning loop: make each cluster's machines match its rows.
 
 Level-triggered and crash-safe. Every provider call is idempotent (the client token is
-the node id and attempt), and each step is load → act (no transaction open) → apply (in a
-transaction that re-reads the row and checks it is still in the state the step saw). A
-server killed at any point re-runs the step and converges on the same nodes; the unique
-(cluster, name) constraint makes a duplicate node impossible even with two replicas.
+the node id and attempt), and each step is load → act (no transaction open) → apply
+(``guarded_apply``: a transaction that re-reads the row under lock and writes only while
+it is still as the step saw it: the node still provisioning, still on the machine the
+step looked at). A server killed at any point re-runs the step and converges on the same
+nodes; the unique (cluster, name) constraint makes a duplicate node impossible even with
+two replicas.
 
 A machine that is up runs the cluster's startup scripts (``services/startup_scripts.py``;
 the node stays ``provisioning`` meanwhile, and stays there with the error shown when one
@@ -41,7 +43,7 @@ from gpufleet.server.services.startup_scripts import (
     boot_key,
     ensure_startup,
 )
-from gpufleet.server.workers.base import LoopDeps, LoopService
+from gpufleet.server.workers.base import LoopDeps, LoopService, StatusGuard, guarded_apply
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,32 @@ _ACTIVE = [
     ClusterStatus.DEGRADED.value,
     ClusterStatus.DELETING.value,
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineGuard:
+    """The node still runs on ``instance_id`` (the machine the step looked at) and, with
+    ``provisioning``, is still provisioning."""
+
+    instance_id: str | None
+    provisioning: bool = True
+
+    def __call__(self, row: NodeRow) -> bool:
+        if self.provisioning and row.state != NodeState.PROVISIONING.value:
+            return False
+        return row.provider_instance_id == self.instance_id
+
+
+def _provisioning(row: NodeRow) -> bool:
+    return row.state == NodeState.PROVISIONING.value
+
+
+def _any_status(_row: ClusterRow) -> bool:
+    """Any cluster: ``settle_cluster_status`` decides what its status says."""
+    return True
+
+
+_DELETING = StatusGuard(frozenset({ClusterStatus.DELETING.value}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,16 +234,18 @@ class ProvisioningLoop(LoopService):
                     actor=ACTOR,
                 )
             return
-        async with self.db.transaction() as session:
-            row = await session.get(NodeRow, node.id, with_for_update=True)
-            if row is None or row.state != NodeState.PROVISIONING.value:
+        async with guarded_apply(
+            self.db, row_type=NodeRow, row_id=node.id, guard=_provisioning, clock=self.clock
+        ) as applied:
+            if applied is None:
                 return
+            row = applied.row
             row.provider_instance_id = instance.instance_id
             row.token_hash = hash_token(token)
-            row.provision_requested_at = self.clock.now()
-            row.updated_at = self.clock.now()
+            row.provision_requested_at = applied.now
+            row.updated_at = applied.now
             record_event(
-                session,
+                applied.session,
                 kind=EventKind.NODE_CREATED,
                 message=f"node {node.name}: machine requested from {provider.kind} "
                 f"(instance {instance.instance_id}, attempt {node.attempts + 1})",
@@ -232,15 +262,13 @@ class ProvisioningLoop(LoopService):
         """The machine is up: record who it is, run the startup scripts, then hand the
         node to acceptance (or to service, where the cluster opted out). Called again
         every pass while the node is provisioning; each call moves it on if it can."""
-        now = self.clock.now()
-        async with self.db.transaction() as session:
-            row = await session.get(NodeRow, node.id, with_for_update=True)
-            if (
-                row is None
-                or row.state != NodeState.PROVISIONING.value
-                or row.provider_instance_id != instance.instance_id
-            ):
+        guard = MachineGuard(instance.instance_id)
+        async with guarded_apply(
+            self.db, row_type=NodeRow, row_id=node.id, guard=guard, clock=self.clock
+        ) as applied:
+            if applied is None:
                 return
+            session, row, now = applied.session, applied.row, applied.now
             row.hostname = row.hostname or instance.hostname
             row.scheduler_name = row.scheduler_name or instance.hostname or row.name
             row.serial = instance.serial or row.serial
@@ -286,16 +314,14 @@ class ProvisioningLoop(LoopService):
         except DriverError as exc:
             log.warning("provisioning: node %s: drain for acceptance: %s", node.name, exc)
             return  # next pass tries again
-        async with self.db.transaction() as session:
-            row = await session.get(NodeRow, node.id, with_for_update=True)
-            if (
-                row is None
-                or row.state != NodeState.PROVISIONING.value
-                or row.provider_instance_id != instance.instance_id
-            ):
+        async with guarded_apply(
+            self.db, row_type=NodeRow, row_id=node.id, guard=guard, clock=self.clock
+        ) as applied:
+            if applied is None:
                 return
+            row = applied.row
             record_hold(
-                session,
+                applied.session,
                 node=row,
                 project_id=cluster.project_id,
                 targets=(NodeState.ACCEPTANCE,),
@@ -303,15 +329,18 @@ class ProvisioningLoop(LoopService):
                 reason=f"machine {instance.instance_id} is running"
                 + (" and its startup scripts ran" if cluster.startup_scripts else "")
                 + "; acceptance tests next",
-                now=self.clock.now(),
+                now=applied.now,
             )
             row.state_detail = "waiting for acceptance checks"
 
     async def _forget_instance(self, cluster: ClusterRow, node: _NodeView, *, reason: str) -> None:
-        async with self.db.transaction() as session:
-            row = await session.get(NodeRow, node.id, with_for_update=True)
-            if row is None or row.provider_instance_id != node.instance_id:
+        guard = MachineGuard(node.instance_id, provisioning=False)
+        async with guarded_apply(
+            self.db, row_type=NodeRow, row_id=node.id, guard=guard, clock=self.clock
+        ) as applied:
+            if applied is None:
                 return
+            session, row = applied.session, applied.row
             row.provider_instance_id = None
             row.token_hash = None
             row.provision_attempts += 1
@@ -333,15 +362,18 @@ class ProvisioningLoop(LoopService):
                     target=NodeState.FAILED,
                     actor=ACTOR,
                     reason=f"{row.provision_attempts} provisioning attempts failed",
-                    now=self.clock.now(),
+                    now=applied.now,
                 )
 
     async def _update_cluster_status(self, cluster_id: str) -> None:
-        async with self.db.transaction() as session:
-            cluster = await session.get(ClusterRow, cluster_id, with_for_update=True)
-            if cluster is None:
+        async with guarded_apply(
+            self.db, row_type=ClusterRow, row_id=cluster_id, guard=_any_status, clock=self.clock
+        ) as applied:
+            if applied is None:
                 return
-            await settle_cluster_status(session, cluster=cluster, actor=ACTOR, now=self.clock.now())
+            await settle_cluster_status(
+                applied.session, cluster=applied.row, actor=ACTOR, now=applied.now
+            )
 
     async def _delete(
         self, cluster: ClusterRow, nodes: list[_NodeView], provider: Provider
@@ -351,10 +383,12 @@ class ProvisioningLoop(LoopService):
         # between provisioning and recording it): nothing may be left running and billed.
         instance_ids |= {i.instance_id for i in await provider.list_instances(cluster.id)}
         await asyncio.gather(*(provider.terminate(i) for i in instance_ids))
-        async with self.db.transaction() as session:
-            row = await session.get(ClusterRow, cluster.id, with_for_update=True)
-            if row is None or row.status != ClusterStatus.DELETING.value:
+        async with guarded_apply(
+            self.db, row_type=ClusterRow, row_id=cluster.id, guard=_DELETING, clock=self.clock
+        ) as applied:
+            if applied is None:
                 return
+            session, row = applied.session, applied.row
             for node in await session.scalars(
                 select(NodeRow).where(
                     NodeRow.cluster_id == cluster.id, NodeRow.state != NodeState.REMOVED.value
@@ -368,7 +402,7 @@ class ProvisioningLoop(LoopService):
                         target=target,
                         actor=ACTOR,
                         reason="cluster deleted",
-                        now=self.clock.now(),
+                        now=applied.now,
                     )
                 node.token_hash = None
             switch_cluster_status(
@@ -377,5 +411,5 @@ class ProvisioningLoop(LoopService):
                 target=ClusterStatus.DELETED,
                 actor=ACTOR,
                 reason=f"{len(instance_ids)} machines given back",
-                now=self.clock.now(),
+                now=applied.now,
             )
