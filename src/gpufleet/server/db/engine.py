@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from gpufleet.server.db.migrate import upgrade_to_head
+from gpufleet.server.db.sqlite_driver import sqlite_connector
 
 # Any constant works; it must only be the same across replicas of one deployment.
 _MIGRATION_LOCK_KEY = 0x67707566  # "gpuf"
@@ -36,7 +37,7 @@ class Database:
         if self.is_sqlite:
             if self.url.database and self.url.database != ":memory:":
                 Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"timeout": 30}
+            kwargs["async_creator"] = sqlite_connector(self.url, {"timeout": 30})
         else:
             # No pre-ping: it costs a round trip per checkout on the hot ingest path; stale
             # connections are recycled instead and a failed group is retried by the writer.
