@@ -1,6 +1,6 @@
 """The ``Provider`` protocol: where nodes come from, and what can be done to the machine.
 
-Every driver (sim, static, redfish, aws) implements ``Provider``; optional abilities are
+Every driver (sim, ipmi, redfish, ssh, aws) implements ``Provider``; optional abilities are
 separate capability protocols, checked with ``isinstance`` (they are runtime-checkable).
 Calls are idempotent where the docstring says so, because the control plane may crash
 between calling a provider and recording the answer, and then calls again.
@@ -58,6 +58,69 @@ class Instance:
     booted_at: dt.datetime | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A secret handed to a driver for the length of one call. Never printed: its repr
+    hides the secret, and a driver never puts it in a message, a log line or an error."""
+
+    username: str | None
+    secret: str = field(repr=False)  # a password, or a PEM private key (ssh)
+
+
+@dataclass(frozen=True, slots=True)
+class HostAccess:
+    """How to reach one machine's management path: its BMC (ipmi, redfish), its OS over
+    SSH (ssh) or its cloud instance (aws). ``host_id`` is the instance id the control plane
+    records on the node (``provider_instance_id``)."""
+
+    host_id: str
+    hostname: str
+    address: str  # BMC host or URL (ipmi, redfish), SSH host (ssh), instance id (aws)
+    port: int | None = None
+    credential: Credential | None = field(default=None, repr=False)
+    host_key: str | None = None  # ssh: the pinned public key, "ssh-ed25519 AAAA..."
+    system_id: str | None = None  # redfish: which ComputerSystem; None: the only one
+    cluster_id: str | None = None
+    serial: str | None = None
+    rack: str | None = None
+    leaf_switch: str | None = None
+    pdu: str | None = None
+
+
+@runtime_checkable
+class HostDirectory(Protocol):
+    """Where bare-metal drivers (ipmi, redfish, ssh) find their machines: the host
+    inventory, with each host's credential decrypted for the call."""
+
+    async def host(self, host_id: str) -> HostAccess | None:
+        """One host, or None if the inventory has no such host."""
+        ...
+
+    async def hosts(self, cluster_id: str) -> list[HostAccess]:
+        """Every host bound to one cluster (spares included)."""
+        ...
+
+    async def claim_spare(self, cluster_id: str, client_token: str) -> HostAccess | None:
+        """Take a spare host of the cluster's pool for ``client_token``. Idempotent: the same
+        token always gets the same host. None: the pool is empty."""
+        ...
+
+    async def release(self, host_id: str) -> None:
+        """Take a host out of service (a removed or replaced machine): it is no longer
+        handed out, and is flagged for hardware service."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReachCheck:
+    """What ``check_reach`` saw of one machine, changing nothing."""
+
+    instance_id: str
+    reachable: bool
+    power: PowerState
+    detail: str  # what was seen, or what failed: never a secret
+
+
 @runtime_checkable
 class Provider(Protocol):
     kind: str
@@ -96,6 +159,15 @@ class SupportsPower(Protocol):
 
     async def power_cycle(self, instance_id: str) -> None:
         """Hard power cycle. Kills every job on the node; drain first."""
+        ...
+
+
+@runtime_checkable
+class SupportsReachCheck(Protocol):
+    async def check_reach(self, instance_id: str) -> ReachCheck:
+        """Reach the machine's BMC, SSH or cloud API and report its power state, or what
+        failed (credentials refused, unreachable, timed out). Changes nothing; never
+        raises for an unreachable machine."""
         ...
 
 
