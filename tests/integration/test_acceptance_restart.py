@@ -56,8 +56,8 @@ def test_a_crash_mid_acceptance_resumes_the_same_run(failpoint: str, tmp_path: P
     token_file = tmp_path / "owner-token"
     env = {
         **fast_sim_server_env(data_dir=data_dir, port=port, token_file=token_file),
-        # The check tools at 1/100 of their real durations (DCGM level 3: 9 s).
-        "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.01",
+        # The check tools at 1/500 of their real durations (DCGM level 3: under 2 s).
+        "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.002",
         "GPUFLEET_REPORT_INTERVAL_S": "0.25",
     }
     url = f"http://127.0.0.1:{port}"

@@ -19,7 +19,7 @@ from gpufleet.agent.collectors.kmsg import KernelLogFollower, make_source
 from gpufleet.agent.collectors.nvml import NvmlCollector
 from gpufleet.agent.collectors.sim import SimCollector
 from gpufleet.agent.collectors.slurm import SlurmCollector
-from gpufleet.agent.commands import CommandChannel, CommandJournal, new_boot_id
+from gpufleet.agent.commands import CommandChannel, CommandJournal, kernel_boot_id, new_boot_id
 from gpufleet.agent.daemons import DaemonSpec, DaemonSupervisor, SupervisorPolicy
 from gpufleet.agent.detectors import Detector
 from gpufleet.agent.exporter import serve
@@ -154,7 +154,10 @@ def build_agent(
     spool = Spool(settings.state_dir, metrics_limit_bytes=int(settings.spool_metrics_mb * 2**20))
     status = SendStatus(report_interval_s=settings.report_interval_s)
     identity = NodeIdentity(
-        hostname=settings.hostname, serial=node_serial(), agent_version=AGENT_VERSION
+        hostname=settings.hostname,
+        serial=node_serial(),
+        agent_version=AGENT_VERSION,
+        boot_id=kernel_boot_id(),
     )
     sender = Sender(
         client,

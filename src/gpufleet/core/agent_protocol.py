@@ -54,6 +54,10 @@ class NodeIdentity(_Wire):
     hostname: Annotated[str, Field(min_length=1, max_length=253)]
     serial: Annotated[str | None, Field(max_length=120)] = None
     agent_version: Annotated[str | None, Field(max_length=40)] = None
+    # The kernel's boot id (/proc/sys/kernel/random/boot_id): new on every boot. It is
+    # how the control plane knows a reboot it asked for happened (never from the BMC's
+    # or cloud API's answer). None: an agent that cannot read it.
+    boot_id: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9._:-]{1,64}$")] = None
 
 
 class NodeReport(_Wire):

@@ -160,6 +160,7 @@ class EventKind(StrEnum):
     NODE_PROVISIONED = "node.provisioned"
     NODE_REGISTERED = "node.registered"
     NODE_GPUS_CHANGED = "node.gpus_changed"
+    NODE_BOOTED = "node.booted"  # the agent reported a new kernel boot id
     FINDING_OPENED = "finding.opened"
     FINDING_CLEARED = "finding.cleared"
     FAULT_INJECTED = "fault.injected"  # a simulated fault, by hand (gpufleet inject)

@@ -183,6 +183,8 @@ class Node(_Domain):
     updated_at: dt.datetime
     gpus: list[Gpu] | None = None
     state_detail: str = ""  # why it is held: a failed startup script or acceptance check
+    boot_id: str | None = None  # the kernel boot id its agent last reported
+    boot_seen_at: dt.datetime | None = None  # when that boot id was first reported
 
 
 class Event(_Domain):

@@ -7,12 +7,19 @@ provider and scheduler drivers map them onto ``InstanceState`` and ``SchedNodeSt
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 # user_data keys a simulated node reads at boot to find the control plane.
 USER_DATA_URL = "gpufleet_url"
 USER_DATA_TOKEN = "gpufleet_node_token"  # noqa: S105 - a key name, not a secret
+
+
+def sim_boot_id(instance_id: str, boot: int) -> str:
+    """The kernel boot id a simulated machine's agent reports: a UUID like the kernel's,
+    the same for one boot of one machine and new on every reboot or reinstall."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpufleet-sim:{instance_id}/{boot}"))
 
 
 class SimInstanceState(StrEnum):

@@ -21,7 +21,7 @@ from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.core.agent_protocol import GpuSample, NodeIdentity, NodeReport, ReportBatch
 from gpufleet.core.clock import Clock
 from gpufleet.sim.faults import SimFault, apply_effects
-from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance
+from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance, sim_boot_id
 from gpufleet.sim.telemetry import (
     GpuTelemetry,
     gpu_model_or_default,
@@ -78,6 +78,7 @@ class NodeSampler:
             hostname=self._instance.hostname,
             serial=self._instance.serial,
             agent_version=AGENT_VERSION,
+            boot_id=sim_boot_id(self._instance.instance_id, self._instance.boot_id),
         )
 
     def _next_seq(self) -> int:

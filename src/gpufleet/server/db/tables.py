@@ -254,6 +254,10 @@ class NodeRow(_Leased, Base):
     token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     last_report_at: Mapped[dt.datetime | None] = mapped_column(index=True)
     last_report_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The kernel boot id the agent last reported, and when it first reported it: a reboot
+    # the control plane asked for is done when this changes (workers/repairs/acting.py).
+    boot_id: Mapped[str | None] = mapped_column(String(64))
+    boot_seen_at: Mapped[dt.datetime | None]
     last_finding_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     provision_requested_at: Mapped[dt.datetime | None]
     provision_attempts: Mapped[int] = mapped_column(Integer, default=0)

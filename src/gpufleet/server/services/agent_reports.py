@@ -169,6 +169,10 @@ async def apply_report_batches(
             if ident.serial and ident.serial != w.node.serial:
                 w.updates["serial"] = ident.serial
                 w.node.serial = ident.serial
+            if ident.boot_id and ident.boot_id != w.node.boot_id:
+                booted = _booted(w, boot_id=ident.boot_id, now=now)
+                if booted is not None:
+                    events.append(booted)
         results.append(
             ReportAck(
                 node_id=w.node.id,
@@ -184,6 +188,23 @@ async def apply_report_batches(
     )
     await write_history(session, samples=[history[k] for k in sorted(history)], now=now)
     return results
+
+
+def _booted(w: _NodeWork, *, boot_id: str, now: dt.datetime) -> dict[str, Any] | None:
+    """Record a new kernel boot id (the proof a reboot happened); an event when the node
+    had reported another one before."""
+    before = w.node.boot_id
+    w.updates.update(boot_id=boot_id, boot_seen_at=now)
+    w.node.boot_id, w.node.boot_seen_at = boot_id, now
+    if before is None:
+        return None
+    return _event(
+        w,
+        kind=EventKind.NODE_BOOTED,
+        now=now,
+        message=f"node {w.node.name} booted (boot id {before} → {boot_id})",
+        data={"old_boot_id": before, "new_boot_id": boot_id},
+    )
 
 
 def _has_repeated_seq(reports: list[NodeReport]) -> bool:

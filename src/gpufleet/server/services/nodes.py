@@ -98,6 +98,8 @@ def node_row_to_node(
         if gpus is None
         else [gpu_row_to_gpu(g, node_health=health) for g in sorted(gpus, key=lambda g: g.index)],
         state_detail=row.state_detail or "",
+        boot_id=row.boot_id,
+        boot_seen_at=row.boot_seen_at,
     )
 
 

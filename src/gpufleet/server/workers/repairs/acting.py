@@ -2,9 +2,14 @@
 new host, remove.
 
 Every provider call is guarded by what ``progress`` recorded before it was made:
-``requested_at`` is written before the provider is asked, and after a crash the
-machine's ``booted_at`` says whether the reboot already happened, so it is never asked
-twice. A failover's replacement has the repair id as its idempotency key.
+``requested_at`` (and the node's kernel boot id then, ``boot_id_before``) is written
+before the provider is asked, and after a crash a changed boot id (or, for a node whose
+agent reports none, the machine's ``booted_at``) says whether the reboot already
+happened, so it is never asked twice. A failover's replacement has the repair id as its
+idempotency key.
+
+A reboot or reprovision is done when the machine proves it: its agent reports a new
+kernel boot id. A BMC or cloud API answering is only the request being taken.
 """
 
 from __future__ import annotations
@@ -57,12 +62,31 @@ async def _mark_requested(ctx: RepairContext, loaded: LoadedRepair) -> dt.dateti
         requested = parse_ts((tx.repair.progress or {}).get("requested_at"))
         if requested is not None:
             return requested
-        tx.progress(requested_at=tx.now.isoformat())
+        boot_id = tx.node.boot_id
+        tx.progress(requested_at=tx.now.isoformat(), boot_id_before=boot_id)
         tx.repair.detail = f"asking {loaded.cluster.provider} to {tx.repair.action}"
         tx.node_to(NodeState.REPAIRING, f"repair {tx.repair.id}: {tx.repair.action}")
         now = tx.now
-    loaded.repair.progress = {**loaded.progress, "requested_at": now.isoformat()}
+    loaded.repair.progress = {
+        **loaded.progress,
+        "requested_at": now.isoformat(),
+        "boot_id_before": boot_id,
+    }
     return now
+
+
+def _booted_again(loaded: LoadedRepair) -> str | None:
+    """The new kernel boot id the node's agent reported since the request, or None. Only
+    for a node whose agent reported a boot id before the request."""
+    before = loaded.progress.get("boot_id_before")
+    now = loaded.node.boot_id
+    if isinstance(before, str) and now is not None and now != before:
+        return now
+    return None
+
+
+def _proves_by_boot_id(loaded: LoadedRepair) -> bool:
+    return isinstance(loaded.progress.get("boot_id_before"), str)
 
 
 async def _requested(ctx: RepairContext, loaded: LoadedRepair) -> bool:
@@ -88,10 +112,14 @@ async def _restart(ctx: RepairContext, loaded: LoadedRepair, action: RepairActio
             if await _mark_requested(ctx, loaded) is None:
                 return
             ctx.failpoints.hit("repair.acting.before_call")
-        elif action is not RepairAction.RESET_GPU and _booted_since(
-            await provider.get_instance(instance_id), requested
+        elif action is not RepairAction.RESET_GPU and (
+            _booted_again(loaded) is not None
+            or (
+                not _proves_by_boot_id(loaded)
+                and _booted_since(await provider.get_instance(instance_id), requested)
+            )
         ):
-            # Crashed between asking and recording it: the boot time says it happened.
+            # Crashed between asking and recording it: the new boot says it happened.
             await ctx.note(loaded, f"{action.value} already under way", called_at=ctx.now_iso())
             return
         try:
@@ -111,17 +139,37 @@ async def _restart(ctx: RepairContext, loaded: LoadedRepair, action: RepairActio
         )
         return
     assert requested is not None
+    booted = _booted_again(loaded)
+    if booted is not None:
+        await _acted(
+            ctx,
+            loaded,
+            f"{action.value} done: node {loaded.node.name} booted again (boot id {booted})",
+        )
+        return
     instance = await provider.get_instance(instance_id)
+    waited_s = (ctx.clock.now() - requested).total_seconds()
     if instance is None or instance.state is InstanceState.TERMINATED:
         await ctx.fail(loaded, f"machine {instance_id} is gone")
     elif instance.state is InstanceState.FAILED:
         await ctx.fail(loaded, f"machine did not come back after {action.value}: {instance.error}")
-    elif instance.state is InstanceState.RUNNING and _booted_since(instance, requested):
+    elif (
+        not _proves_by_boot_id(loaded)
+        and instance.state is InstanceState.RUNNING
+        and _booted_since(instance, requested)
+    ):
+        # An agent that reports no boot id: the provider's boot time is all there is.
         await _acted(ctx, loaded, f"{action.value} done: machine {instance_id} is running")
-    elif (ctx.clock.now() - requested).total_seconds() > loaded.policy.verify_timeout_s:
+    elif waited_s > loaded.policy.verify_timeout_s:
+        still = (
+            f"; its agent still reports boot id {loaded.node.boot_id}"
+            if _proves_by_boot_id(loaded)
+            else ""
+        )
         await ctx.fail(
             loaded,
-            f"machine not back {loaded.policy.verify_timeout_s:.0f} s after {action.value}",
+            f"machine not back {loaded.policy.verify_timeout_s:.0f} s after {action.value} "
+            f"({provider.kind}, host {loaded.node.hostname or instance_id}){still}",
         )
 
 

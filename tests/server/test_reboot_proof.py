@@ -1,0 +1,104 @@
+"""A reboot is done when the machine proves it: the node's agent reports a new kernel boot
+id. A provider's answer (a BMC's 204, a cloud API's 200, even its own "booted at") is
+only the request being taken."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from gpufleet.providers.base import Instance
+from gpufleet.providers.sim.driver import SimProvider
+from gpufleet.sim.models import sim_boot_id
+from gpufleet.testing.fleet import SimFleet, sim_fleet
+
+
+async def _reboot_repair(fleet: SimFleet, node: str) -> dict[str, Any]:
+    response = await fleet.app.client.post(
+        f"/api/v1/nodes/{fleet.node_id(node)}/actions",
+        json={"action": "reboot", "reason": "test"},
+    )
+    assert response.status_code in (200, 201, 202), response.text
+    return dict(response.json())
+
+
+async def test_a_reboot_is_done_when_the_agent_reports_a_new_boot_id(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with sim_fleet(database_url, tmp_path, size=2) as fleet:
+        instance_id = fleet.instance_id("train-000")
+        first = sim_boot_id(instance_id, fleet.world.get_instance(instance_id).boot_id)  # type: ignore[union-attr]
+        await fleet.until(lambda: _boot_id_is(fleet, "train-000", first), what="the first boot id")
+        action = await _reboot_repair(fleet, "train-000")
+        repair_id = action["repair"]["id"]
+        await fleet.until(
+            lambda: _status_in(fleet, repair_id, "verifying", "succeeded"),
+            ticks=200,
+            what="the reboot done",
+        )
+        sim = fleet.world.get_instance(instance_id)
+        assert sim is not None
+        second = sim_boot_id(instance_id, sim.boot_id)
+        assert second != first
+        node = await fleet.node("train-000")
+        assert node["boot_id"] == second
+        steps = await fleet.events(fleet.cluster_id, "repair.status")
+        done = [e for e in steps if e["data"].get("to") == "verifying"]
+        assert done and f"boot id {second}" in done[0]["message"], done
+        booted = await fleet.events(fleet.cluster_id, "node.booted")
+        assert [(e["data"]["old_boot_id"], e["data"]["new_boot_id"]) for e in booted] == [
+            (first, second)
+        ]
+
+
+async def test_a_provider_that_says_yes_and_does_nothing_fails_the_repair(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with sim_fleet(database_url, tmp_path, size=2) as fleet:
+        instance_id = fleet.instance_id("train-000")
+        sim = fleet.world.get_instance(instance_id)
+        assert sim is not None
+        first = sim_boot_id(instance_id, sim.boot_id)
+        await fleet.until(lambda: _boot_id_is(fleet, "train-000", first), what="the first boot id")
+        provider = fleet.app.ctx.drivers.provider("sim")
+        assert isinstance(provider, SimProvider)
+        # A stand-in for a BMC that answers every reset and does nothing, and even claims
+        # the machine booted just now: the node's agent keeps its boot id.
+        real_get = provider.get_instance
+
+        async def reboot(_instance_id: str) -> None:
+            return None
+
+        async def get_instance(iid: str) -> Instance | None:
+            found = await real_get(iid)
+            if found is None or iid != instance_id:
+                return found
+            return dataclasses.replace(found, booted_at=fleet.clock.now())
+
+        provider.reboot = reboot  # type: ignore[method-assign]
+        provider.get_instance = get_instance  # type: ignore[method-assign]
+
+        action = await _reboot_repair(fleet, "train-000")
+        repair_id = action["repair"]["id"]
+        failed = await fleet.until(
+            lambda: _status_in(fleet, repair_id, "failed", "verifying", "succeeded"),
+            ticks=60,
+            seconds=10.0,
+            what="the repair to end",
+        )
+        assert failed["status"] == "failed", failed
+        assert "machine not back 300 s after reboot" in failed["detail"], failed
+        assert f"still reports boot id {first}" in failed["detail"], failed
+        node = await fleet.node("train-000")
+        assert node["boot_id"] == first
+        assert node["state"] != "in_service"  # never back in service on the BMC's word
+
+
+async def _boot_id_is(fleet: SimFleet, node: str, boot_id: str) -> bool:
+    return bool((await fleet.node(node)).get("boot_id") == boot_id)
+
+
+async def _status_in(fleet: SimFleet, repair_id: str, *wanted: str) -> dict[str, Any] | None:
+    repair = await fleet.repair(repair_id)
+    return repair if repair["status"] in wanted else None
