@@ -115,7 +115,9 @@ def console(port: int, idp: str, tmp_path_factory: pytest.TempPathFactory) -> It
         token = printed_value(proc, "GPUFLEET_TOKEN")
         proc.wait_ready(url)
         assert f"web console at {url}/" in proc.output()  # the demo says where it is
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as api:
+        # A generous timeout: the demo answers slowly on a loaded 2-core machine.
+        auth = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=url, headers=auth, timeout=30) as api:
             policy = api.put("/api/v1/projects/demo/repair-policy", json=FAST_POLICY)
             assert policy.status_code == 200, policy.text
             cluster = api.get("/api/v1/clusters", params={"name": "demo"}).json()["items"][0]
