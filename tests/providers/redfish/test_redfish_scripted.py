@@ -120,3 +120,12 @@ async def test_check_reach_makes_one_try_and_changes_nothing() -> None:
         check = await provider(bmc, sleeps).check_reach("h1")
     assert not check.reachable and "HTTP 503" in check.detail
     assert sleeps.seconds == [] and bmc.script.posts == []
+
+
+async def test_a_bmc_advertising_no_usable_reset_type_says_so() -> None:
+    with ScriptedBmc(Script(allowed=["On", "Nmi"])) as bmc, pytest.raises(DriverError) as caught:
+        await provider(bmc, Sleeps()).reboot("h1")
+    assert "advertises none of GracefulRestart, ForceRestart, PowerCycle, ForceOffOn" in (
+        caught.value.message
+    )
+    assert bmc.script.posts == []

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -181,7 +181,7 @@ class RedfishProvider:
             await self._escalate(
                 bmc,
                 system,
-                parsing.reset_plan(("PowerCycle", "ForceOffOn"), allowed),
+                ("PowerCycle", "ForceOffOn"),
                 action="power cycle",
             )
 
@@ -487,19 +487,19 @@ class RedfishProvider:
             await self._reset(bmc, system, parsing.on_type(allowed))
             log.info("redfish: host %s: %s: it was off; powered on", bmc.access.hostname, action)
             return
-        plan = parsing.reset_plan(self._config.reset_order, allowed)
-        await self._escalate(bmc, system, plan, action=action)
+        await self._escalate(bmc, system, self._config.reset_order, action=action)
 
     async def _escalate(
-        self, bmc: _Bmc, system: SystemView, plan: list[str], *, action: str
+        self, bmc: _Bmc, system: SystemView, steps: Sequence[str], *, action: str
     ) -> None:
-        """Try each step of ``plan``; a step the BMC does not implement (501, or 400 "not
-        supported") falls through to the next."""
+        """Try each of ``steps`` the BMC advertises, in order; a step it does not
+        implement (501, or 400 "not supported") falls through to the next."""
+        plan = parsing.reset_plan(steps, await self._allowed(bmc, system))
         if not plan:
             raise self._error(
                 bmc.access,
-                f"{action}: the BMC advertises none of the reset types tried "
-                f"({', '.join(self._config.reset_order)})",
+                f"{action}: the BMC advertises none of {', '.join(steps)}; "
+                "add one it offers to reset_order",
             )
         refused: list[str] = []
         for step in plan:
