@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from gpufleet.providers.base import PowerState
@@ -98,3 +101,12 @@ def test_system_view_and_action_info() -> None:
 def test_config_refuses_unknown_reset_steps() -> None:
     with pytest.raises(ValueError, match="unknown steps"):
         RedfishConfig(reset_order=("Nmi",))
+
+
+def test_the_driver_imports_without_loading_sushy() -> None:
+    # sushy is in the [server] extra; the package must import on a base install.
+    code = (
+        "import sys, gpufleet.providers.redfish.driver; "
+        "sys.exit(1 if any(m.startswith('sushy') for m in sys.modules) else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
