@@ -230,6 +230,7 @@ class Script:
     task_running_polls: int = 2
     task_state: str = "Completed"
     fail_system_gets: int = 0  # answer 503 to that many GETs of the system first
+    first_post_statuses: list[int] = field(default_factory=list)  # answers to the first POSTs
     power: str = "On"
     posts: list[str] = field(default_factory=list)
     gets: list[str] = field(default_factory=list)
@@ -331,6 +332,8 @@ class ScriptedBmc:
                 reset_type = json.loads(self.rfile.read(length) or b"{}").get("ResetType", "")
                 s.posts.append(reset_type)
                 status = s.reset_answers.get(reset_type, 204)
+                if s.first_post_statuses:
+                    status = s.first_post_statuses.pop(0)
                 if status == 202:
                     self._send(202, None, Location="/redfish/v1/TaskMonitors/1")
                 elif status >= 400:

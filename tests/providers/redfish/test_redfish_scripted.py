@@ -129,3 +129,23 @@ async def test_a_bmc_advertising_no_usable_reset_type_says_so() -> None:
         caught.value.message
     )
     assert bmc.script.posts == []
+
+
+async def test_a_reset_answered_500_is_not_sent_again() -> None:
+    # The BMC may have acted on it: a second reset would restart a booting host.
+    sleeps = Sleeps()
+    with (
+        ScriptedBmc(Script(first_post_statuses=[500])) as bmc,
+        pytest.raises(DriverError) as caught,
+    ):
+        await provider(bmc, sleeps).reboot("h1")
+    assert bmc.script.posts == ["GracefulRestart"] and sleeps.seconds == []
+    assert "not retried: the BMC may have acted on it" in caught.value.message
+
+
+async def test_a_reset_answered_503_is_sent_again() -> None:
+    sleeps = Sleeps()
+    with ScriptedBmc(Script(first_post_statuses=[503])) as bmc:
+        await provider(bmc, sleeps).reboot("h1")
+    assert bmc.script.posts == ["GracefulRestart", "GracefulRestart"]
+    assert sleeps.seconds == [CONFIG.backoff_s]

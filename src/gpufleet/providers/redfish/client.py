@@ -42,11 +42,15 @@ _DETAIL_LIMIT = 500
 class BmcCallError(Exception):
     """One failed call; ``str()`` is safe to show (no secret)."""
 
-    def __init__(self, kind: Kind, detail: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, kind: Kind, detail: str, *, status: int | None = None, refused: bool = False
+    ) -> None:
         super().__init__(detail)
         self.kind: Kind = kind
         self.detail = detail
         self.status = status
+        # The connection was refused: the request never reached the BMC's web server.
+        self.refused = refused
 
     @property
     def transient(self) -> bool:
@@ -191,8 +195,14 @@ class RedfishClient:
                 )
             if isinstance(cause, requests.exceptions.Timeout):
                 return BmcCallError("timeout", f"{method} {path}: no answer in time")
+        causes = _causes(exc)
+        refused = any(isinstance(c, ConnectionRefusedError) for c in causes) or any(
+            "Connection refused" in str(c) for c in causes
+        )
         return BmcCallError(
-            "unreachable", self._mask(f"{method} {path}: cannot connect: {_short(exc)}")
+            "unreachable",
+            self._mask(f"{method} {path}: cannot connect: {_short(exc)}"),
+            refused=refused,
         )
 
 

@@ -39,7 +39,9 @@ class RedfishConfig:
     # Tries of one request after a transient failure (refused or dropped connection,
     # timeout, HTTP 5xx other than 501), waiting ``backoff_s`` and then twice as long each
     # time, up to ``backoff_max_s``. Errors that will not change (401/403 bad credentials,
-    # 404 no such system, 400, 501) fail at once.
+    # 404 no such system, 400, 501) fail at once. A reset or PATCH is sent again only when
+    # the BMC cannot have acted on it (refused connection, 503): after a timeout it may
+    # have, and a second reset would restart a host that is already booting.
     retries: int = 2
     backoff_s: float = 1.0
     backoff_max_s: float = 10.0

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.errors import DriverError
@@ -351,6 +352,8 @@ class RedfishProvider:
                 if failure.kind in ("auth", "tls"):
                     raise self._bmc_error(bmc, failure) from None
                 raise failure
+            if not _may_retry(method, failure):
+                raise self._bmc_error(bmc, failure, sent=True) from None
             if attempt == attempts:
                 raise self._bmc_error(bmc, failure, attempts=attempts) from None
             log.warning(
@@ -365,11 +368,15 @@ class RedfishProvider:
             delay = min(delay * 2, config.backoff_max_s)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _bmc_error(self, bmc: _Bmc, failure: BmcCallError, *, attempts: int = 1) -> DriverError:
+    def _bmc_error(
+        self, bmc: _Bmc, failure: BmcCallError, *, attempts: int = 1, sent: bool = False
+    ) -> DriverError:
         advice = _ACTIONABLE.get(failure.kind, "the BMC failed")
         if failure.kind == "timeout":
             advice += f" ({self._config.request_timeout_s:g} s)"
         tried = f" after {attempts} tries" if attempts > 1 else ""
+        if sent:
+            tried = " (not retried: the BMC may have acted on it; read the power state)"
         return self._error(bmc.access, f"BMC {bmc.url}: {advice}{tried}: {failure.detail}")
 
     async def _get(
@@ -379,10 +386,9 @@ class RedfishProvider:
             return await self._request(bmc, "GET", path, tries=tries)
         except BmcCallError as exc:
             if exc.kind == "not_found":
+                advice = "; check the host's system_id" if what.startswith("system") else ""
                 raise self._error(
-                    bmc.access,
-                    f"BMC {bmc.url}: no {what} at {path} ({exc.detail}); "
-                    "check the host's system_id",
+                    bmc.access, f"BMC {bmc.url}: no {what} at {path} ({exc.detail}){advice}"
                 ) from None
             raise self._error(
                 bmc.access, f"BMC {bmc.url}: reading {what} failed: {exc.detail}"
@@ -393,7 +399,7 @@ class RedfishProvider:
         system_id = bmc.access.system_id
         try:
             if system_id:
-                path = f"{bmc.url.root}/Systems/{system_id}"
+                path = f"{bmc.url.root}/Systems/{quote(system_id, safe='')}"
             else:
                 root = await self._get(bmc, bmc.url.root, what="service root", tries=tries)
                 collection = await self._get(
@@ -531,6 +537,16 @@ class RedfishProvider:
         raise self._error(
             bmc.access, f"{action}: every reset type was refused: {'; '.join(refused)}"
         )
+
+
+def _may_retry(method: str, failure: BmcCallError) -> bool:
+    """Whether sending ``method`` again is safe after a transient ``failure``. A read
+    always is. A reset or PATCH only when the BMC cannot have acted on the first one: the
+    connection was refused, or it answered 503 (not processed). After a timeout, a dropped
+    connection or a 500 it may have, and a second reset would restart a booting host."""
+    if method == "GET":
+        return True
+    return failure.status == 503 or failure.refused
 
 
 def _not_supported(exc: BmcCallError) -> bool:
