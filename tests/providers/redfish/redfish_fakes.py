@@ -231,6 +231,8 @@ class Script:
     task_state: str = "Completed"
     fail_system_gets: int = 0  # answer 503 to that many GETs of the system first
     first_post_statuses: list[int] = field(default_factory=list)  # answers to the first POSTs
+    boot_targets: list[str] | None = None  # BootSourceOverrideTarget@Redfish.AllowableValues
+    patches: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)  # body, If-Match
     power: str = "On"
     posts: list[str] = field(default_factory=list)
     gets: list[str] = field(default_factory=list)
@@ -247,7 +249,12 @@ def _system_doc(script: Script) -> dict[str, Any]:
         "@odata.id": SYSTEM_PATH,
         "Id": "s1",
         "PowerState": script.power,
-        "Boot": {"BootSourceOverrideMode": "UEFI"},
+        "Boot": {"BootSourceOverrideMode": "UEFI"}
+        | (
+            {"BootSourceOverrideTarget@Redfish.AllowableValues": script.boot_targets}
+            if script.boot_targets is not None
+            else {}
+        ),
         "Actions": {"#ComputerSystem.Reset": reset},
     }
 
@@ -302,7 +309,7 @@ class ScriptedBmc:
                             },
                         )
                     else:
-                        self._send(200, _system_doc(s))
+                        self._send(200, _system_doc(s), ETag='W/"v1"')
                 elif self.path == f"{SYSTEM_PATH}/ResetActionInfo":
                     self._send(
                         200,
@@ -325,6 +332,12 @@ class ScriptedBmc:
                     self._send(
                         404, {"error": {"code": "Base.1.0.ResourceMissingAtURI", "message": "no"}}
                     )
+
+            def do_PATCH(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                owner.script.patches.append((body, self.headers.get("If-Match")))
+                self._send(204)
 
             def do_POST(self) -> None:
                 s = owner.script

@@ -149,3 +149,25 @@ async def test_a_reset_answered_503_is_sent_again() -> None:
         await provider(bmc, sleeps).reboot("h1")
     assert bmc.script.posts == ["GracefulRestart", "GracefulRestart"]
     assert sleeps.seconds == [CONFIG.backoff_s]
+
+
+async def test_reprovision_asks_for_a_one_time_uefi_pxe_boot_with_the_etag() -> None:
+    with ScriptedBmc(Script(boot_targets=["Pxe", "Hdd"])) as bmc:
+        await provider(bmc, Sleeps()).reprovision("h1", user_data={})
+    boot = {
+        "BootSourceOverrideTarget": "Pxe",
+        "BootSourceOverrideEnabled": "Once",
+        "BootSourceOverrideMode": "UEFI",
+    }
+    assert bmc.script.patches == [({"Boot": boot}, 'W/"v1"')]
+    assert bmc.script.posts == ["GracefulRestart"]
+
+
+async def test_reprovision_without_a_pxe_boot_target_changes_nothing() -> None:
+    with (
+        ScriptedBmc(Script(boot_targets=["Hdd", "Cd"])) as bmc,
+        pytest.raises(DriverError) as caught,
+    ):
+        await provider(bmc, Sleeps()).reprovision("h1", user_data={})
+    assert "offers no Pxe boot override (it offers Hdd, Cd)" in caught.value.message
+    assert bmc.script.patches == [] and bmc.script.posts == []
