@@ -44,7 +44,9 @@ class IpmiConfig:
     retry_backoff_s: float = 1.0
     # ipmitool's own retransmission of an unanswered UDP packet: seconds to wait for an
     # answer (``-N``) and how many times to resend (``-R``). Its defaults (1 s x 4 for
-    # lanplus) are kept close; ``timeout_s`` must leave room for them.
+    # lanplus) are kept close; ``timeout_s`` must leave room for them. At least 1:
+    # ipmitool 1.8.19 reads ``-R 0`` as "its built-in default" and then spends ~20 s on
+    # a BMC that does not answer.
     udp_timeout_s: int = 1
     udp_retries: int = 3
     # Reprovision asks for a one-time PXE boot; with this, in UEFI mode
@@ -69,9 +71,9 @@ class IpmiConfig:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
         if self.retry_backoff_s < 0:
             raise ValueError(f"retry_backoff_s must be >= 0 seconds, got {self.retry_backoff_s}")
-        if self.udp_timeout_s < 1 or self.udp_retries < 0:
+        if self.udp_timeout_s < 1 or self.udp_retries < 1:
             raise ValueError(
-                "udp_timeout_s must be >= 1 second and udp_retries >= 0, got "
+                "udp_timeout_s must be >= 1 second and udp_retries >= 1, got "
                 f"{self.udp_timeout_s} and {self.udp_retries}"
             )
 
