@@ -4,6 +4,7 @@ ipmitool: every power transition asserted is one the simulator was asked for."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -312,3 +313,19 @@ def test_config_rejects_bad_settings(changes: dict[str, Any], complaint: str) ->
 def test_call_bound_counts_every_try_and_pause() -> None:
     config = IpmiConfig(timeout_s=10, retries=2, retry_backoff_s=1)
     assert config.call_bound_s == 10 * 3 + 1 + 2
+
+
+async def test_missing_ipmitool_or_credential_says_what_to_do(
+    directory: MemoryDirectory, ipmi_sim: IpmiSim
+) -> None:
+    no_tool = IpmiProvider(IpmiConfig(ipmitool="/nonexistent/ipmitool"), directory)
+    with pytest.raises(
+        DriverError, match=r"ipmi: host gpu-01 .* could not start .* install ipmitool"
+    ):
+        await no_tool.power_state("gpu-01")
+    bare = ipmi_sim.access("bare")
+    directory.add(dataclasses.replace(bare, credential=None))
+    with pytest.raises(DriverError, match=r"ipmi: host bare .* no BMC credential"):
+        await IpmiProvider(CONFIG, directory).power_on("bare")
+    with pytest.raises(DriverError, match=r"ipmi: host no-such-host: not in the host inventory"):
+        await IpmiProvider(CONFIG, directory).reboot("no-such-host")
