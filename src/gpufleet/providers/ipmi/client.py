@@ -2,10 +2,12 @@
 
 Why ipmitool and not pyghmi (pure Python): each call is a child process that a timeout
 kills outright, so a hung BMC can never wedge the control plane's event loop or leave a
-session thread behind; pyghmi keeps module-global sessions on its own I/O thread with
-retry timers we cannot bound per call, and would add a pin. ipmitool is the tool every
-BMC vendor tests against, ships in every distribution, and speaks both IPMI 1.5 (``lan``)
-and 2.0 (``lanplus``). Its output is parsed in ``parsing.py``.
+session thread behind. pyghmi shares sessions per BMC in module-global state served by
+its own I/O thread, with retry timers a caller cannot bound; against ipmi_sim, pyghmi
+1.6.19's second ``Command`` to the same BMC in one process hung for over 100 s. It
+would also add a pin. ipmitool is the tool every BMC vendor tests against, ships in
+every distribution, and speaks both IPMI 1.5 (``lan``) and 2.0 (``lanplus``). Its output
+is parsed in ``parsing.py``.
 
 The BMC password goes to the child in its environment (``-E`` reads ``IPMI_PASSWORD``),
 never on its command line, where ``ps`` would show it to every local user; ipmitool's
