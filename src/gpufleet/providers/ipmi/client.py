@@ -93,19 +93,22 @@ class IpmitoolClient:
                 failure=Failure.AUTH,
             )
         attempts = (self._config.retries if retries is None else retries) + 1
-        for attempt in range(1, attempts + 1):
-            error = await self._attempt(access, command, where=where, shown=shown)
-            if error is None or isinstance(error, str):
-                return error or ""
-            if not error.failure.transient or attempt == attempts:
-                if attempts > 1 and error.failure.transient:
-                    message = f"{error.message} (tried {attempts} times)"
-                    error = IpmiError(message, failure=error.failure)
-                raise error
+        attempt = 1
+        while True:
+            result = await self._attempt(access, command, where=where, shown=shown)
+            if isinstance(result, str):
+                return result
+            if not result.failure.transient:
+                raise result
+            if attempt == attempts:
+                if attempts == 1:
+                    raise result
+                message = f"{result.message} (tried {attempts} times)"
+                raise IpmiError(message, failure=result.failure)
             pause = self._config.retry_backoff_s * 2 ** (attempt - 1)
-            log.info("%s; try %d of %d in %.1f s", error.message, attempt + 1, attempts, pause)
+            log.info("%s; try %d of %d in %.1f s", result.message, attempt + 1, attempts, pause)
             await asyncio.sleep(pause)
-        raise AssertionError("unreachable")  # pragma: no cover
+            attempt += 1
 
     async def _attempt(
         self, access: HostAccess, command: tuple[str, ...], *, where: str, shown: str
