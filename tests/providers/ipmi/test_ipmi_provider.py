@@ -35,9 +35,10 @@ T = TypeVar("T")
 WRONG_PASSWORD = "not-the-Pa55-k3y"  # distinctive, searched for in output
 
 # ipmi_sim offers no Get Channel Cipher Suites: name the suite, or each call waits 3.5 s.
-# Short UDP retransmission so the failure cases stay quick.
+# Short UDP retransmission so the failure cases stay quick (ipmitool gives up on a silent
+# BMC after ~2 s), and a kill far above that, so a busy machine still sees "no answer".
 CONFIG = IpmiConfig(
-    cipher_suite=3, timeout_s=5.0, retries=1, retry_backoff_s=0.1, udp_timeout_s=1, udp_retries=1
+    cipher_suite=3, timeout_s=8.0, retries=1, retry_backoff_s=0.1, udp_timeout_s=1, udp_retries=1
 )
 
 
