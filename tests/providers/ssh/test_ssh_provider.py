@@ -129,7 +129,7 @@ async def test_the_stderr_of_a_refused_reboot_is_bounded(sshd: SshPeer, tmp_path
 
 
 async def test_a_session_that_drops_after_the_reboot_is_scheduled_is_no_error(
-    sshd: SshPeer, tmp_path: Path
+    sshd: SshPeer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The host going down ends the SSH session; here the command kills its own sshd.
     log = tmp_path / "reboots.log"
@@ -146,9 +146,11 @@ exit 9
     )
     provider = SshProvider(fast(reboot_command=command), MemoryHostDirectory([sshd.access()]))
 
-    await provider.reboot("h1")
+    with caplog.at_level(logging.INFO, logger="gpufleet.providers.ssh"):
+        await provider.reboot("h1")
 
     assert log.read_text() == "going down\n"
+    assert any("the session dropped" in r.getMessage() for r in caplog.records)
 
 
 async def test_reboot_of_a_host_not_in_the_inventory_is_an_error(sshd: SshPeer) -> None:
@@ -202,7 +204,8 @@ async def test_a_wrong_key_is_refused_at_once_naming_the_host_and_no_key_materia
 
     message = caught.value.message
     assert message.startswith("ssh: host h1 (127.0.0.1:")
-    assert caplog.records == [], "an auth failure is never retried"
+    retries = [r for r in caplog.records if "(try " in r.getMessage()]
+    assert retries == [], "an auth failure is never retried"
     assert f"authentication refused for user {sshd.user} by key" in message
     assert not reach.reachable
     assert reach.power is PowerState.UNKNOWN
@@ -325,10 +328,13 @@ async def test_a_closed_port_fails_fast_after_bounded_retries(
         await provider.reboot("h1")
 
     assert [r.getMessage().count("(try 1 of 2)") for r in caplog.records] == [1]
-    reach = await provider.check_reach("h1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gpufleet.providers.ssh"):
+        reach = await provider.check_reach("h1")
 
     assert not reach.reachable
     assert reach.detail.startswith("unreachable: ")
+    assert ["(try 1 of 2)" in r.getMessage() for r in caplog.records] == [True]
 
 
 async def test_a_server_that_never_speaks_times_out_within_the_bound(

@@ -130,15 +130,17 @@ class SshClient:
             ) from None
 
     @asynccontextmanager
-    async def connection(self, access: HostAccess) -> AsyncIterator[asyncssh.SSHClientConnection]:
-        """One authenticated connection, retried on transient failures (``attempts``
-        tries with backoff); closed on exit.
+    async def connection(
+        self, access: HostAccess, *, retry: bool = True
+    ) -> AsyncIterator[asyncssh.SSHClientConnection]:
+        """One authenticated connection, closed on exit. With ``retry``, transient
+        failures are tried again (``attempts`` tries in all, with backoff).
 
         Raises:
             SshError: with ``reason`` AUTH, HOST_KEY, CREDENTIAL, UNREACHABLE, TIMEOUT or
                 PROTOCOL; the message names the host and never holds the secret.
         """
-        conn = await self._connect_with_retries(access)
+        conn = await (self._connect_with_retries(access) if retry else self._connect(access))
         try:
             yield conn
         finally:
@@ -284,7 +286,9 @@ class SshClient:
         delay = self._config.retry_backoff_s
         for attempt in range(1, self._config.attempts + 1):
             try:
-                async with self.connection(access) as conn:
+                # One connect per try: this loop is the only retry, so a dead host costs
+                # ``attempts`` connects, not ``attempts`` squared.
+                async with self.connection(access, retry=False) as conn:
                     return await self._run_once(access, conn, command)
             except SshError as exc:
                 if not exc.transient or attempt == self._config.attempts:

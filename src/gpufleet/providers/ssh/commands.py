@@ -18,15 +18,19 @@ _TICK_S = 0.2
 # quoted word on. The scheduled part runs in a subshell that ignores SIGHUP, with every
 # stream off the SSH channel, in the background: it outlives the session, which the host
 # ends when it goes down. The foreground waits a bounded time for the command's status,
-# so a refusal (sudo: a password is required) comes back with its stderr.
+# so a refusal (sudo: a password is required) comes back with its stderr. Whichever of the
+# two ends last removes the temporary folder (``$$`` is the foreground's pid, subshell
+# or not).
 _DETACHED = """\
 d=$(mktemp -d) || exit 125
 ( trap '' HUP; sleep {delay}; sh -c {command} >"$d/out" 2>&1 </dev/null
-  echo $? >"$d/rc.new"; mv "$d/rc.new" "$d/rc" ) </dev/null >/dev/null 2>&1 &
+  echo $? >"$d/rc.new"; mv "$d/rc.new" "$d/rc"
+  if [ -f "$d/abandoned" ] || ! kill -0 $$ 2>/dev/null; then rm -rf "$d"; fi
+) </dev/null >/dev/null 2>&1 &
 echo {started}
 n=0
 while [ ! -f "$d/rc" ]; do
-  if [ "$n" -ge {ticks} ]; then echo {running}; exit 0; fi
+  if [ "$n" -ge {ticks} ]; then : >"$d/abandoned"; echo {running}; exit 0; fi
   n=$((n+1)); sleep {tick} 2>/dev/null || sleep 1
 done
 rc=$(cat "$d/rc")
