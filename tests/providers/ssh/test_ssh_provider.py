@@ -22,12 +22,14 @@ from gpufleet.providers.base import (
     SupportsReboot,
     SupportsReprovision,
 )
+from gpufleet.providers.ssh.client import SshClient
 from gpufleet.providers.ssh.config import (
     DEFAULT_POWEROFF_COMMAND,
     DEFAULT_REBOOT_COMMAND,
     SshConfig,
 )
 from gpufleet.providers.ssh.driver import SshProvider
+from gpufleet.providers.ssh.errors import SshError
 from gpufleet.testing.processes import free_port
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "providers-ssh.md"
@@ -429,3 +431,22 @@ async def test_terminate_keeps_a_host_whose_poweroff_is_refused(
         await provider.terminate("h1")
 
     assert directory.released == []
+
+
+async def test_a_command_that_hangs_is_cut_at_the_command_timeout(sshd: SshPeer) -> None:
+    # The probe is fixed; the client under it runs any command with the same bound.
+    config = fast(command_timeout_s=0.5, reboot_delay_s=0.0, reboot_wait_s=0.1, attempts=1)
+    client = SshClient(config)
+
+    with pytest.raises(SshError, match=r"ssh: host h1 .*`sleep 3` did not finish within 0.5 s"):
+        await client.run(sshd.access(), "sleep 3")
+
+
+async def test_a_credential_with_no_user_needs_the_configured_one(sshd: SshPeer) -> None:
+    access = sshd.access(username=None)
+    without = SshProvider(fast(), MemoryHostDirectory([access]))
+    with_user = SshProvider(fast(username=sshd.user), MemoryHostDirectory([access]))
+
+    with pytest.raises(DriverError, match=r"names no user and SshConfig\.username is not set"):
+        await without.boot_id("h1")
+    assert (await with_user.check_reach("h1")).reachable
