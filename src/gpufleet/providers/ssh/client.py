@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncssh
 
@@ -23,6 +24,7 @@ from gpufleet.providers.ssh.config import SshConfig
 from gpufleet.providers.ssh.errors import SshError, SshFailure, redact
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 OUTPUT_LIMIT = 2000  # characters of a command's stderr (or stdout) kept in a message
 
@@ -140,7 +142,9 @@ class SshClient:
             SshError: with ``reason`` AUTH, HOST_KEY, CREDENTIAL, UNREACHABLE, TIMEOUT or
                 PROTOCOL; the message names the host and never holds the secret.
         """
-        conn = await (self._connect_with_retries(access) if retry else self._connect(access))
+        conn = await (
+            self._retrying(lambda: self._connect(access)) if retry else self._connect(access)
+        )
         try:
             yield conn
         finally:
@@ -149,20 +153,22 @@ class SshClient:
             with suppress(TimeoutError, OSError, asyncssh.Error):
                 await asyncio.wait_for(conn.wait_closed(), self._config.connect_timeout_s)
 
-    async def _connect_with_retries(self, access: HostAccess) -> asyncssh.SSHClientConnection:
+    async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, tried again on a transient ``SshError`` with backoff, ``attempts``
+        tries in all; any other error, or the last try's, is raised."""
         delay = self._config.retry_backoff_s
-        for attempt in range(1, self._config.attempts + 1):
+        for attempt in range(1, self._config.attempts):
             try:
-                return await self._connect(access)
+                return await call()
             except SshError as exc:
-                if not exc.transient or attempt == self._config.attempts:
+                if not exc.transient:
                     raise
                 log.info(
                     "%s (try %d of %d); again in %g s", exc, attempt, self._config.attempts, delay
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._config.retry_backoff_max_s)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        return await call()
 
     async def _connect(self, access: HostAccess) -> asyncssh.SSHClientConnection:
         login = self._login(access)
@@ -283,22 +289,14 @@ class SshClient:
             SshError: as ``connection``; TIMEOUT past ``command_timeout_s``;
                 UNREACHABLE when the session drops.
         """
-        delay = self._config.retry_backoff_s
-        for attempt in range(1, self._config.attempts + 1):
-            try:
-                # One connect per try: this loop is the only retry, so a dead host costs
-                # ``attempts`` connects, not ``attempts`` squared.
-                async with self.connection(access, retry=False) as conn:
-                    return await self._run_once(access, conn, command)
-            except SshError as exc:
-                if not exc.transient or attempt == self._config.attempts:
-                    raise
-                log.info(
-                    "%s (try %d of %d); again in %g s", exc, attempt, self._config.attempts, delay
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._config.retry_backoff_max_s)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+
+        async def once() -> RemoteResult:
+            # One connect per try: this is the only retry, so a dead host costs
+            # ``attempts`` connects, not ``attempts`` squared.
+            async with self.connection(access, retry=False) as conn:
+                return await self._run_once(access, conn, command)
+
+        return await self._retrying(once)
 
     async def _run_once(
         self, access: HostAccess, conn: asyncssh.SSHClientConnection, command: str
