@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -329,3 +330,40 @@ async def test_check_reach_sees_the_instance_and_changes_nothing(
     assert aws.state(instance.instance_id) == "running"
     missing = await provider.check_reach("i-0123456789abcdef0")
     assert not missing.reachable and missing.power is PowerState.UNKNOWN
+
+
+@pytest.fixture
+def moto_checks_keys(aws: Aws) -> Iterator[None]:
+    """moto accepts any keys until its IAM checks are on (0 free calls); then keys it
+    never issued are refused, as AWS refuses a wrong or revoked key."""
+    import requests
+
+    requests.post(f"{aws.endpoint}/moto-api/reset-auth", data=b"0", timeout=10)
+    yield
+    requests.post(f"{aws.endpoint}/moto-api/reset-auth", data=b"inf", timeout=10)
+
+
+@pytest.mark.usefixtures("moto_checks_keys")
+async def test_refused_credentials_are_a_driver_error_without_the_secret(
+    aws: Aws, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    provider = AwsProvider(make_config(aws.endpoint), CREDENTIAL)
+    with pytest.raises(DriverError) as raised:
+        await provider.provision(request())
+    seen = await provider.check_reach("i-0123456789abcdef0")
+    with pytest.raises(DriverError) as rebooting:
+        await provider.reboot("i-0123456789abcdef0")
+    message = raised.value.message
+    assert message.startswith("aws: node gpu-1 (cluster c1, client token prov-1): ec2 ")
+    assert "AuthFailure" in message and "credentials refused" in message
+    assert "instance i-0123456789abcdef0" in rebooting.value.message
+    assert not seen.reachable and seen.power is PowerState.UNKNOWN
+    assert "AuthFailure" in seen.detail
+    texts = [caplog.text, seen.detail, repr(seen)]
+    for exc in (raised.value, rebooting.value):
+        chained: BaseException | None = exc
+        while chained is not None:
+            texts += [str(chained), repr(chained)]
+            chained = chained.__cause__ or chained.__context__
+    assert not any(SECRET in text for text in texts)

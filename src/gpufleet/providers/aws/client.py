@@ -105,7 +105,7 @@ class AwsClient:
             config=Config(
                 connect_timeout=cfg.connect_timeout_s,
                 read_timeout=cfg.read_timeout_s,
-                retries={"mode": "standard", "max_attempts": cfg.max_attempts},
+                retries={"mode": "standard", "total_max_attempts": cfg.max_attempts},
                 user_agent_extra="gpufleet",
             ),
         )

@@ -122,10 +122,10 @@ class AwsProvider:
             params["NextToken"] = answer["NextToken"]
         return sorted(found, key=lambda raw: (str(raw.get("LaunchTime")), raw["InstanceId"]))
 
-    async def _find_by_token(self, cluster_id: str, client_token: str) -> dict[str, Any] | None:
+    async def _find_by_token(self, request: ProvisionRequest) -> dict[str, Any] | None:
         found = await self._find(
-            {TAG_CLUSTER: cluster_id, TAG_CLIENT_TOKEN: client_token},
-            about=f"client token {client_token} (cluster {cluster_id})",
+            {TAG_CLUSTER: request.cluster_id, TAG_CLIENT_TOKEN: request.client_token},
+            about=_about(request),
         )
         return found[0] if found else None
 
@@ -207,8 +207,8 @@ class AwsProvider:
                 quota, group at its maximum size, credentials), naming the node.
         """
         placement = self._placement(request.cluster_id)
-        about = f"node {request.node_name} (cluster {request.cluster_id})"
-        raw = await self._find_by_token(request.cluster_id, request.client_token)
+        about = _about(request)
+        raw = await self._find_by_token(request)
         if raw is None:
             try:
                 raw = await self._launch(request, placement, about=about)
@@ -220,7 +220,7 @@ class AwsProvider:
                 # (new user data), refuse with IdempotentParameterMismatch: look again.
                 if exc.aws_code != "IdempotentParameterMismatch":
                     raise
-                raw = await self._find_by_token(request.cluster_id, request.client_token)
+                raw = await self._find_by_token(request)
                 if raw is None:
                     raise DriverError(
                         f"{exc.message}; its instance is not visible yet, try again"
@@ -442,7 +442,7 @@ class AwsProvider:
                 launched no replacement in time (calling again carries on).
         """
         placement = self._placement(request.cluster_id)
-        claimed = await self._find_by_token(request.cluster_id, request.client_token)
+        claimed = await self._find_by_token(request)
         group = placement.auto_scaling_group
         if group is None:
             instance = await self.provision(request)
@@ -583,6 +583,13 @@ class AwsProvider:
                 )
             await asyncio.sleep(self._config.poll_interval_s)
         await self.terminate(instance_id)
+
+
+def _about(request: ProvisionRequest) -> str:
+    return (
+        f"node {request.node_name} (cluster {request.cluster_id}, "
+        f"client token {request.client_token})"
+    )
 
 
 def _node(raw: Mapping[str, Any]) -> str:
