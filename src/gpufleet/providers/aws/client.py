@@ -120,7 +120,11 @@ class AwsClient:
 
         where = f"aws: {about}: {service} {api_name(operation)}"
         try:
-            answer: dict[str, Any] = getattr(self._client(service), operation)(**params)
+            client = self._client(service)
+        except ValueError as exc:  # boto3's check of the settings: a malformed endpoint URL
+            raise AwsError(self._redact(f"{where}: bad settings: {exc}"), aws_code=None) from None
+        try:
+            answer: dict[str, Any] = getattr(client, operation)(**params)
         except bx.ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code") or "Unknown")

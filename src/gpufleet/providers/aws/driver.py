@@ -407,12 +407,10 @@ class AwsProvider:
                 IncludeAllInstances=True,
             )
         except DriverError as exc:
-            return ReachCheck(instance_id, reachable=False, power=PowerState.UNKNOWN,
-                              detail=exc.message)  # fmt: skip
+            return _unreachable(instance_id, exc.message)
         statuses = answer.get("InstanceStatuses") or ()
         if not statuses:
-            return ReachCheck(instance_id, reachable=False, power=PowerState.UNKNOWN,
-                              detail="EC2 answered: no such instance")  # fmt: skip
+            return _unreachable(instance_id, "EC2 answered: no such instance")
         status = statuses[0]
         state = str((status.get("InstanceState") or {}).get("Name", "unknown"))
         system = (status.get("SystemStatus") or {}).get("Status", "unknown")
@@ -583,6 +581,10 @@ class AwsProvider:
                 )
             await asyncio.sleep(self._config.poll_interval_s)
         await self.terminate(instance_id)
+
+
+def _unreachable(instance_id: str, detail: str) -> ReachCheck:
+    return ReachCheck(instance_id, reachable=False, power=PowerState.UNKNOWN, detail=detail)
 
 
 def _about(request: ProvisionRequest) -> str:

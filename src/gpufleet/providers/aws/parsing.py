@@ -66,7 +66,6 @@ def to_instance(raw: Mapping[str, Any]) -> Instance:
         state=state,
         created_at=launched,
         hostname=raw.get("PrivateDnsName") or None,
-        rack=(raw.get("Placement") or {}).get("AvailabilityZone"),
         error=error,
         booted_at=launched,
     )
