@@ -96,15 +96,24 @@ def moto_endpoint() -> Iterator[str]:
             server.stop()
 
 
-@pytest.fixture
-def aws(moto_endpoint: str) -> Aws:
+@pytest.fixture(scope="module")
+def admin(moto_endpoint: str) -> tuple[Any, Any]:
+    """The test's own EC2 and Auto Scaling clients (built once: loading botocore's
+    service models is most of a client's cost)."""
     import boto3
-    import requests
 
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10).raise_for_status()
     keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
     ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name=REGION, **keys)
     asg = boto3.client("autoscaling", endpoint_url=moto_endpoint, region_name=REGION, **keys)
+    return ec2, asg
+
+
+@pytest.fixture
+def aws(moto_endpoint: str, admin: tuple[Any, Any]) -> Aws:
+    import requests
+
+    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10).raise_for_status()
+    ec2, asg = admin
     subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
     ec2.create_launch_template(
         LaunchTemplateName=TEMPLATE,
@@ -150,9 +159,16 @@ def make_config(endpoint: str, **overrides: object) -> AwsConfig:
     return AwsConfig(**settings)  # type: ignore[arg-type]
 
 
+@pytest.fixture(scope="module")
+def shared_provider(moto_endpoint: str) -> AwsProvider:
+    # One per module: the provider keeps no state but its boto3 clients, and building
+    # those (botocore's service models) costs more than most tests here.
+    return AwsProvider(make_config(moto_endpoint), CREDENTIAL)
+
+
 @pytest.fixture
-def provider(aws: Aws) -> AwsProvider:
-    return AwsProvider(make_config(aws.endpoint), CREDENTIAL)
+def provider(aws: Aws, shared_provider: AwsProvider) -> AwsProvider:
+    return shared_provider  # after ``aws``: moto reset, template and group made
 
 
 def request(
@@ -271,6 +287,28 @@ async def test_failover_replaces_through_the_group(aws: Aws, provider: AwsProvid
     # A retry (the control plane crashed before recording it): the same replacement.
     again = await provider.replace(old.instance_id, request=replacement)
     assert again.instance_id == new.instance_id
+    assert aws.group()["DesiredCapacity"] == size and len(aws.members()) == size
+
+
+async def test_failover_after_a_crash_claims_the_groups_replacement(
+    aws: Aws, provider: AwsProvider
+) -> None:
+    # The group's own machine (untagged) would be a candidate too: take it away first.
+    [own] = aws.members()
+    aws.asg.terminate_instance_in_auto_scaling_group(
+        InstanceId=own, ShouldDecrementDesiredCapacity=True
+    )
+    old = await running(provider, request())
+    size = aws.group()["DesiredCapacity"]
+    # An earlier replace terminated the old machine, then the control plane crashed
+    # before the replacement was claimed.
+    aws.asg.terminate_instance_in_auto_scaling_group(
+        InstanceId=old.instance_id, ShouldDecrementDesiredCapacity=False
+    )
+    [launched] = set(aws.members()) - {old.instance_id}
+    new = await provider.replace(old.instance_id, request=request(token="repair-8/failover"))
+    assert new.instance_id == launched
+    assert aws.tags(launched)["gpufleet:client-token"] == "repair-8/failover"
     assert aws.group()["DesiredCapacity"] == size and len(aws.members()) == size
 
 
