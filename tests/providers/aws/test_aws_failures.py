@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -214,3 +216,12 @@ def test_placement_settings_are_checked() -> None:
         AwsPlacement(auto_scaling_group="g", tags={"aws:x": "1"})
     with pytest.raises(ValueError, match="read_timeout_s must be > 0"):
         config("http://127.0.0.1:9", read_timeout_s=0)
+
+
+def test_importing_the_driver_loads_no_boto3() -> None:
+    # The server imports every configured driver at start; boto3 loads on the first call.
+    code = (
+        "import sys, gpufleet.providers.aws.driver\n"
+        "assert 'boto3' not in sys.modules and 'botocore' not in sys.modules, 'loaded'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
