@@ -68,7 +68,9 @@ class Running:
             sample_interval_s=0.05,
             metrics_listen=None,
         )
-        self.http = httpx.AsyncClient(timeout=2.0)
+        # Generous: a request that times out on a loaded machine is sent again, rightly,
+        # and the no-resend test would count it.
+        self.http = httpx.AsyncClient(timeout=15.0)
         client = AgentClient(base_url=server.url, node_token="node-token", http=self.http)
         self.agent: Agent = build_agent(
             settings, client=client, collectors=[Broken(), Gpus()], sources=[], clock=clock
@@ -84,7 +86,7 @@ class Running:
 
 
 async def until(predicate: Callable[[], bool]) -> None:
-    await eventually(predicate, timeout_s=5.0)
+    await eventually(predicate, timeout_s=20.0)
 
 
 @pytest.fixture
