@@ -314,12 +314,14 @@ async def _bind(
     host.node_id = node.id
     host.cluster_id = node.cluster_id
     host.updated_at = now
-    # The node takes the host's identity and topology where it has none of its own.
+    # The node takes the host's topology and BMC: the operator's inventory is the truth
+    # about the physical machine; what the provider said stays where the inventory is silent
+    # (the serial excepted: the agent reads it off the machine itself).
     node.serial = node.serial or host.serial
-    node.bmc_address = node.bmc_address or host.bmc_address
-    node.rack = node.rack or host.rack
-    node.leaf_switch = node.leaf_switch or host.leaf_switch
-    node.pdu = node.pdu or host.pdu
+    node.bmc_address = host.bmc_address or node.bmc_address
+    node.rack = host.rack or node.rack
+    node.leaf_switch = host.leaf_switch or node.leaf_switch
+    node.pdu = host.pdu or node.pdu
     if HostState(host.state) is not HostState.IN_SERVICE:
         switch_host_state(
             session, host=host, target=HostState.IN_SERVICE, actor=actor, reason=reason,
