@@ -73,6 +73,8 @@ class Side:
             "check": self.check_id,
             "command": self.command_id,
             "acceptance": self.acceptance_id,
+            "credential": self.credential,
+            "host": self.host,
         }
 
 

@@ -16,6 +16,7 @@ from inventoryhelpers import KEY_A, KEY_B, KEY_C, host, import_hosts, keyed_app,
 from sqlalchemy import func, select
 
 from gpufleet.core.errors import Conflict
+from gpufleet.server.app import create_app
 from gpufleet.server.db.tables import AuditLogRow, CredentialRow, EventRow
 from gpufleet.server.main import rotate_secret_key
 from gpufleet.server.services.credentials import open_credential
@@ -287,3 +288,15 @@ async def test_the_secret_never_appears_in_a_response_log_event_audit_row_or_err
         assert any("credential.create" in t for t in texts)  # the scan sees the audit rows
         leaked = [t[:200] for t in texts if CANARY in t]
         assert not leaked, leaked
+
+
+def test_a_malformed_key_stops_the_app_at_start_naming_the_setting(tmp_path: Path) -> None:
+    settings = make_settings(
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}",
+        secret_key=CANARY,
+    )
+    with pytest.raises(KeyringError) as info:
+        create_app(settings)
+    assert "GPUFLEET_SECRET_KEY" in str(info.value) and CANARY not in str(info.value)
+    assert CANARY not in repr(settings)

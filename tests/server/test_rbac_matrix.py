@@ -497,6 +497,7 @@ async def test_two_projects_are_isolated(app: RunningApp, viewer: str) -> None:
     ]
     if viewer == "admin":
         listings += [("/api/v1/audit", {"limit": 1000}), ("/api/v1/projects/pa/tokens", {})]
+        listings += [("/api/v1/projects/pa/hosts", {}), ("/api/v1/projects/pa/credentials", {})]
     by_id = [
         f"/api/v1/projects/{world.b.project['id']}",
         "/api/v1/projects/pb",
@@ -510,6 +511,8 @@ async def test_two_projects_are_isolated(app: RunningApp, viewer: str) -> None:
         f"/api/v1/repairs/{world.b.repair_id}",
         f"/api/v1/checks/{world.b.check_id}",
         f"/api/v1/acceptance/{world.b.acceptance_id}",
+        f"/api/v1/projects/pb/hosts/{world.b.host}",
+        f"/api/v1/projects/pb/credentials/{world.b.credential}",
     ]
     async with world.client(viewer) as client:
         seen: set[str] = set()
