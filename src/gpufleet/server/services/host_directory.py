@@ -2,15 +2,18 @@
 (``providers.base.HostDirectory``). The one place a credential is opened: the secret lives
 in the ``HostAccess`` handed to one driver call, whose ``Credential`` repr hides it.
 
-``claim_spare`` is idempotent by its token and safe under concurrency: on PostgreSQL the
-candidate spare is locked (``FOR UPDATE SKIP LOCKED``), so two claims take two hosts; on
-SQLite every transaction holds the write lock from its start (``BEGIN IMMEDIATE``). The
-token's unique index settles two claims racing with the same token.
+``claim_spare`` is idempotent by its token and safe under concurrency. Claims of one
+cluster's pool run one at a time: on PostgreSQL a transaction-scoped advisory lock on the
+cluster (claims are rare, a failover each), on SQLite the write lock every transaction
+takes at its start (``BEGIN IMMEDIATE``). So two claims take two hosts, a repeated token
+finds the host the first one took, and "the pool is empty" is never said while another
+claim holds a spare it may still give back. The token's unique index settles one token
+raced across two clusters.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -91,6 +94,11 @@ class DbHostDirectory:
     async def _claim(
         self, session: AsyncSession, cluster_id: str, client_token: str
     ) -> HostAccess | None:
+        if session.get_bind().dialect.name == "postgresql":
+            await session.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": f"gpufleet:claim-spare:{cluster_id}"},
+            )
         mine = await session.scalar(select(HostRow).where(HostRow.claim_token == client_token))
         if mine is not None:
             return await host_access(session, self._keyring, mine)
@@ -99,7 +107,7 @@ class DbHostDirectory:
             .where(HostRow.cluster_id == cluster_id, HostRow.state == HostState.SPARE.value)
             .order_by(HostRow.hostname)
             .limit(1)
-            .with_for_update(skip_locked=True)
+            .with_for_update()  # an import or a bind of that row waits, or is waited for
         )
         if row is None:
             return None
