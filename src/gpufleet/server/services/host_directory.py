@@ -97,7 +97,7 @@ class DbHostDirectory:
         if session.get_bind().dialect.name == "postgresql":
             await session.execute(
                 text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-                {"key": f"gpufleet:claim-spare:{cluster_id}"},
+                {"key": f"claim-spare {cluster_id}"},
             )
         mine = await session.scalar(select(HostRow).where(HostRow.claim_token == client_token))
         if mine is not None:
