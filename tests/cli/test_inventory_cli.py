@@ -121,6 +121,13 @@ def test_credentials_and_hosts_from_yaml_and_csv(server: Server) -> None:
     assert (shown["port"], shown["leaf_switch"], shown["credential"]) == (623, "leaf-1", "bmc")
     assert "spare-001" in server.ok("hosts", "list", "-p", "ml")
 
+    moved = server.json(
+        "hosts", "set-state", "gpu-003", "out_of_service", "-p", "ml", "--reason", "bad PSU"
+    )
+    assert moved["state"] == "out_of_service"
+    claimed = server.run("hosts", "set-state", "gpu-003", "claimed", "-p", "ml")
+    assert claimed.returncode == 2 and "only by a failover" in _flat(claimed.stderr)
+
     in_use = server.run("credentials", "delete", "bmc", "-p", "ml")
     assert in_use.returncode == 2 and "gpu-001" in _flat(in_use.stderr)
 

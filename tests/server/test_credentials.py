@@ -225,6 +225,9 @@ async def test_the_secret_never_appears_in_a_response_log_event_audit_row_or_err
             ("GET", "/hosts", "/hosts", None),
             ("GET", "/hosts/{host_ref}", "/hosts/h1", None),
             ("POST", "/hosts/{host_ref}/bind", "/hosts/h1/bind", {"node_id": "nope"}),
+            ("POST", "/hosts/{host_ref}/state", "/hosts/h1/state",
+             {"state": "out_of_service", "reason": "maintenance"}),
+            ("POST", "/hosts/{host_ref}/state", "/hosts/h1/state", {"state": "spare"}),
             ("DELETE", "/credentials/{credential_ref}", "/credentials/bmc", None),
             ("DELETE", "/credentials/{credential_ref}", "/credentials/missing", None),
         ]  # fmt: skip
@@ -237,9 +240,11 @@ async def test_the_secret_never_appears_in_a_response_log_event_audit_row_or_err
                 response = await client.request(method, base + path, json=body)
             seen(response)
             hit.add((method, base.replace("ml", "{project_ref}") + template))
-        # Created, replaced; four refusals of bad bodies; reads; import; a bad bind; delete
-        # refused (in use) and not found.
-        assert statuses == [200, 200, 422, 422, 422, 400, 200, 200, 200, 200, 200, 404, 409, 404]
+        # Created, replaced; four refusals of bad bodies; reads; import; a bad bind; out of
+        # service and back; delete refused (in use) and not found.
+        assert statuses == [
+            200, 200, 422, 422, 422, 400, 200, 200, 200, 200, 200, 404, 200, 200, 409, 404,
+        ]  # fmt: skip
         bound = await client.get(f"/api/v1/nodes?cluster={cluster['id']}")
         node_id = bound.json()["items"][0]["id"]
         response = await client.post(f"{base}/hosts/h2/bind", json={"node_id": node_id})

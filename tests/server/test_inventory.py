@@ -30,6 +30,10 @@ from gpufleet.testing.app import RunningApp
 SECRET = "bmc-pass-for-tests"
 
 
+def _spare_id(hosts: list[dict[str, Any]]) -> str:
+    return next(h["id"] for h in hosts if h["role"] == "spare")
+
+
 async def _hosts_count(app: RunningApp) -> int:
     async with app.ctx.db.session() as session:
         return int(await session.scalar(select(func.count()).select_from(HostRow)) or 0)
@@ -133,6 +137,10 @@ async def test_bind_a_node_explicitly_and_by_its_reported_hostname(
         assert (bound.json()["node_id"], bound.json()["state"]) == (nodes[0]["id"], "in_service")
         node = (await app.client.get(f"/api/v1/nodes/{nodes[0]['id']}")).json()
         assert node["rack"] == "r7"  # the node takes the host's topology
+        busy = await app.client.post(
+            "/api/v1/projects/ml/hosts/box-a/state", json={"state": "spare"}
+        )
+        assert busy.status_code == 409 and nodes[0]["id"] in error_of(busy)["message"]
         async with app.ctx.db.session() as session:
             moves = list(
                 await session.scalars(select(EventRow).where(EventRow.kind == "host.state"))
@@ -211,6 +219,7 @@ async def test_release_takes_a_host_out_of_service_with_an_event_and_an_audit_ro
         assert (await import_hosts(app.client, _rows(cluster["id"]))).status_code == 200
         directory = DbHostDirectory(db=app.ctx.db, keyring=app.ctx.keyring, clock=app.ctx.clock)
         target = (await app.client.get("/api/v1/projects/ml/hosts/gpu-001")).json()
+        listed = (await app.client.get("/api/v1/projects/ml/hosts")).json()
         access = await directory.host(target["id"])
         assert access is not None
         assert (access.hostname, access.address, access.rack) == (
@@ -232,6 +241,15 @@ async def test_release_takes_a_host_out_of_service_with_an_event_and_an_audit_ro
                 ("in_service", "out_of_service")
             ]
         assert await directory.host("01J0000000000000000000000Z") is None
+
+        # Fixed: back to the pool by hand, and a failover can take it again.
+        state = "/api/v1/projects/ml/hosts/gpu-001/state"
+        claimed = await app.client.post(state, json={"state": "claimed"})
+        assert claimed.status_code == 422 and error_of(claimed)["field"] == "state"
+        back = await app.client.post(state, json={"state": "spare", "reason": "new DIMM"})
+        assert back.status_code == 200 and back.json()["state"] == "spare"
+        again = await directory.claim_spare(cluster["id"], "after-repair")
+        assert again is not None and again.host_id in (target["id"], _spare_id(listed))
         refused = await app.client.post(
             "/api/v1/projects/ml/hosts/gpu-001/bind", json={"node_id": target["id"]}
         )

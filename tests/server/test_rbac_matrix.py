@@ -296,6 +296,9 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/v1/projects/{project_ref}/hosts"): Rule(P.HOST_READ, query=_cluster_filter),
     ("GET", "/api/v1/projects/{project_ref}/hosts/{host_ref}"): Rule(P.HOST_READ),
     ("POST", "/api/v1/projects/{project_ref}/hosts/import"): Rule(P.HOST_MANAGE, body=_host_import),
+    ("POST", "/api/v1/projects/{project_ref}/hosts/{host_ref}/state"): Rule(
+        P.HOST_MANAGE, body=lambda _w, _v: {"state": "out_of_service", "reason": "matrix"}
+    ),
     ("POST", "/api/v1/projects/{project_ref}/hosts/{host_ref}/bind"): Rule(
         P.HOST_MANAGE, body=lambda w, _v: {"node_id": w.a.node["id"]}
     ),

@@ -19,7 +19,7 @@ from gpufleet.cli.output import (
     print_table,
     table,
 )
-from gpufleet.core.inventory import Host
+from gpufleet.core.inventory import Host, HostState
 
 app = typer.Typer(help="The host inventory: machines, BMCs, racks, spares.", no_args_is_help=True)
 
@@ -107,3 +107,20 @@ def bind_host(
     with config.client_for(ctx) as client:
         bound = client.bind_host(project, host, node_id=node_id)
     emit(output, bound, _render_one)
+
+
+@app.command("set-state")
+def set_host_state(
+    ctx: typer.Context,
+    host: HostArg,
+    state: Annotated[
+        HostState, typer.Argument(help="in_service, spare or out_of_service (maintenance).")
+    ],
+    project: ProjectOpt,
+    reason: Annotated[str, typer.Option(help="Why, for the timeline and the audit log.")] = "",
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Take a host out of service, return it to the spare pool, or put it in service."""
+    with config.client_for(ctx) as client:
+        moved = client.set_host_state(project, host, state=state, reason=reason)
+    emit(output, moved, _render_one)

@@ -14,6 +14,7 @@ from gpufleet.core.inventory import (
     Host,
     HostImportResult,
     HostSpec,
+    HostState,
     StoredCredential,
 )
 
@@ -76,3 +77,8 @@ class InventoryCalls:
     def bind_host(self, project: str, host: str, *, node_id: str) -> Host:
         path = f"{API}/projects/{_seg(project)}/hosts/{_seg(host)}/bind"
         return Host.model_validate(self._call("POST", path, body={"node_id": node_id}))
+
+    def set_host_state(self, project: str, host: str, *, state: HostState, reason: str) -> Host:
+        path = f"{API}/projects/{_seg(project)}/hosts/{_seg(host)}/state"
+        body = {"state": state.value, "reason": reason}
+        return Host.model_validate(self._call("POST", path, body=body))

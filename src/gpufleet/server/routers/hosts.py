@@ -14,7 +14,11 @@ import gpufleet.server.services.hosts as hosts_services
 from gpufleet.core.inventory import Host, HostImportResult
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
-from gpufleet.server.schemas.inventory import BindHostRequest, ImportHostsRequest
+from gpufleet.server.schemas.inventory import (
+    BindHostRequest,
+    ImportHostsRequest,
+    SetHostStateRequest,
+)
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/projects/{project_ref}/hosts", tags=["hosts"])
@@ -67,5 +71,22 @@ async def bind_host(
             project_ref=project_ref,
             host_ref=host_ref,
             node_id=body.node_id,
+            now=ctx.clock.now(),
+        )
+
+
+@router.post("/{host_ref}/state")
+async def set_host_state(
+    project_ref: str, host_ref: str, body: SetHostStateRequest, caller: Manager, ctx: CtxDep
+) -> Host:
+    """Out of service (maintenance), back to the spare pool, or into service."""
+    async with ctx.db.transaction() as session:
+        return await hosts_services.set_host_state(
+            session,
+            caller=caller,
+            project_ref=project_ref,
+            host_ref=host_ref,
+            target=body.state,
+            reason=body.reason,
             now=ctx.clock.now(),
         )

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, SecretStr, StringConstraints
 
-from gpufleet.core.inventory import CredentialKind, HostSpec
+from gpufleet.core.inventory import CredentialKind, HostSpec, HostState
 from gpufleet.server.schemas.common import Request
 
 MAX_IMPORT_ROWS = 5000
@@ -28,3 +28,8 @@ class ImportHostsRequest(Request):
 
 class BindHostRequest(Request):
     node_id: Annotated[str, StringConstraints(min_length=1, max_length=36)]
+
+
+class SetHostStateRequest(Request):
+    state: HostState
+    reason: Annotated[str, StringConstraints(max_length=1000)] = ""

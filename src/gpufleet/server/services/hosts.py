@@ -348,7 +348,7 @@ async def bind_host(
     if HostState(host.state) is HostState.OUT_OF_SERVICE:
         raise Conflict(
             f"host {host.hostname} is out of service (flagged for hardware service); "
-            "re-import it as a member or spare once fixed",
+            "once fixed, set it in_service or spare (gpufleet hosts set-state)",
             field="host",
         )
     if host.cluster_id is not None and host.cluster_id != node.cluster_id:
@@ -370,6 +370,48 @@ async def bind_host(
         detail={"hostname": host.hostname, "node_id": node.id},
         ts=now,
     )
+    return (await hosts_to_models(session, [host]))[0]
+
+
+async def set_host_state(
+    session: AsyncSession,
+    *,
+    caller: Caller,
+    project_ref: str,
+    host_ref: str,
+    target: HostState,
+    reason: str,
+    now: dt.datetime,
+) -> Host:
+    """An admin moves a host: out of service (maintenance; its node binding ends), back
+    to the spare pool (its old claim forgotten) or into service. ``claimed`` is only ever
+    reached through a failover's claim."""
+    project = await _project(session, caller, project_ref, Permission.HOST_MANAGE)
+    host = await get_host_row_or_error(session, project=project, ref=host_ref)
+    if target is HostState.CLAIMED:
+        raise InvalidInput(
+            "a host is claimed only by a failover; set in_service, spare or out_of_service",
+            field="state",
+        )
+    if target is HostState.SPARE and host.node_id is not None:
+        raise Conflict(
+            f"host {host.hostname} runs node {host.node_id}; take it out of service first",
+            field="state",
+        )
+    changed = switch_host_state(
+        session, host=host, target=target, actor=caller.actor,
+        reason=reason or f"set to {target.value} by hand", now=now,
+    )  # fmt: skip
+    if not changed:  # already there: the request is still on the record
+        record_audit(
+            session, actor=caller.actor, action="host.state", object_type="host",
+            object_id=host.id, project_id=project.id, ts=now,
+            detail={"from": target.value, "to": target.value, "reason": reason, "unchanged": True},
+        )  # fmt: skip
+    if target is HostState.OUT_OF_SERVICE:
+        host.node_id = None
+    if target is HostState.SPARE:
+        host.claim_token = None  # a new failover may take it; the old token is spent
     return (await hosts_to_models(session, [host]))[0]
 
 
