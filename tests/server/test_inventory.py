@@ -254,3 +254,21 @@ async def test_release_takes_a_host_out_of_service_with_an_event_and_an_audit_ro
             "/api/v1/projects/ml/hosts/gpu-001/bind", json={"node_id": target["id"]}
         )
         assert refused.status_code in (404, 409)
+
+
+async def test_two_imports_of_one_new_hostname_at_once_leave_one_host(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with keyed_app(database_url, tmp_path) as app:
+        await _setup(app)
+        responses = await asyncio.gather(
+            *(import_hosts(app.client, [host("race-1"), host(f"other-{i}")]) for i in range(3))
+        )
+        codes = sorted(r.status_code for r in responses)
+        assert codes[0] == 200 and set(codes) <= {200, 409}, [r.text for r in responses]
+        for refused in (r for r in responses if r.status_code == 409):
+            assert "run the import again" in error_of(refused)["message"]
+        listed = (await app.client.get("/api/v1/projects/ml/hosts")).json()
+        names = [h["hostname"] for h in listed]
+        assert names.count("race-1") == 1
+        assert len(names) == 1 + codes.count(200)  # a refused import left nothing

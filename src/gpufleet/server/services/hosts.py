@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import ClusterStatus
@@ -280,6 +281,16 @@ async def import_hosts(
                     reason=f"role set to {spec.role.value} by an import", now=now,
                 )  # fmt: skip
         result["updated"].append(spec.hostname)
+    try:
+        await session.flush()
+    except IntegrityError:
+        # Another import wrote one of these hostnames since this one looked: nothing of
+        # this one is kept (the transaction rolls back).
+        raise Conflict(
+            "another import added one of these hostnames at the same time; nothing was "
+            "imported: run the import again",
+            field="hosts",
+        ) from None
     record_audit(
         session,
         actor=caller.actor,
