@@ -179,3 +179,26 @@ def test_rotate_secret_key_reencrypts_every_credential(server: Server) -> None:
     )  # fmt: skip
     assert wrong.returncode == 2 and "which this server does not have" in _flat(wrong.stderr)
     assert SECRET not in wrong.stdout + wrong.stderr
+
+
+def test_a_secret_comes_from_stdin_and_never_from_argv(server: Server) -> None:
+    server.run("projects", "create", "stdin")  # once per server
+    env = {**os.environ, "GPUFLEET_URL": server.url, "GPUFLEET_TOKEN": server.owner}
+    env.pop("COLUMNS", None)
+    command = [sys.executable, "-c", "from gpufleet.cli.main import run; run()"]
+    piped = subprocess.run(
+        [*command, "credentials", "set", "piped", "-p", "stdin", "--kind", "aws_key",
+         "--output", "json"],
+        input="AKIAEXAMPLE:" + SECRET + "\n", env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["kind"] == "aws_key" and SECRET not in piped.stdout
+    argv = subprocess.run(
+        [*command, "credentials", "set", "argv", "-p", "stdin", "--kind", "ssh_key",
+         "--secret", SECRET],
+        input="", env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert argv.returncode == 2  # no such option: a secret on the command line is refused
+    names = [c["name"] for c in server.json("credentials", "list", "-p", "stdin")]
+    assert names == ["piped"]
