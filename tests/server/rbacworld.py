@@ -19,7 +19,7 @@ from apihelpers import add_finding, node_tokens, nodes_of, ready_cluster, report
 
 from gpufleet.core.clock import utcnow
 from gpufleet.core.ids import new_id
-from gpufleet.server.db.tables import RepairRow
+from gpufleet.server.db.tables import CredentialRow, HostRow, RepairRow
 from gpufleet.testing.app import RunningApp
 
 IDENTITIES = ("anonymous", "node", "other", "member", "admin", "owner", "capped", "expiring")
@@ -57,6 +57,8 @@ class Side:
     check_id: str = ""
     command_id: str = ""
     acceptance_id: str = ""
+    credential: str = ""  # a credential's name (its row written directly: no key is set)
+    host: str = ""  # an inventory host's hostname
 
     def ids(self) -> dict[str, str]:
         """Every object id of this side, for isolation checks."""
@@ -71,6 +73,8 @@ class Side:
             "check": self.check_id,
             "command": self.command_id,
             "acceptance": self.acceptance_id,
+            "credential": self.credential,
+            "host": self.host,
         }
 
 
@@ -146,6 +150,30 @@ class World:
         url = f"/api/v1/nodes/{side.node['id']}/commands"
         return str((await ok(await self.app.client.post(url, json=body), 201))["id"])
 
+    async def new_credential(self, side: Side) -> str:
+        """A credential row of the side's project (the app under test has no key: the
+        ciphertext is a stand-in, never opened here)."""
+        now = utcnow()
+        row = CredentialRow(
+            id=new_id(), project_id=side.project["id"], name=unique("cred"), kind="bmc_password",
+            username="root", ciphertext=b"\0" * 28, key_id="k-none", created_by="test",
+            created_at=now, rotated_at=None,
+        )  # fmt: skip
+        async with self.app.ctx.db.transaction() as session:
+            session.add(row)
+        return row.name
+
+    async def new_host(self, side: Side) -> str:
+        now = utcnow()
+        row = HostRow(
+            id=new_id(), project_id=side.project["id"], hostname=unique(f"{side.name}-host"),
+            bmc_type="redfish", bmc_address="https://10.0.0.9", cluster_id=side.cluster["id"],
+            role="spare", state="spare", created_at=now, updated_at=now,
+        )  # fmt: skip
+        async with self.app.ctx.db.transaction() as session:
+            session.add(row)
+        return row.hostname
+
     async def new_cluster(self, side: Side) -> str:
         body = {"project": side.project["name"], "name": unique("c"), "size": 1}
         return str((await ok(await self.app.client.post("/api/v1/clusters", json=body)))["id"])
@@ -184,6 +212,8 @@ async def build_world(app: RunningApp) -> World:
             f"/api/v1/clusters/{side.cluster['id']}/acceptance", json={"reason": "matrix"}
         )
         side.acceptance_id = (await ok(acceptance, 202))["id"]
+        side.credential = await world.new_credential(side)
+        side.host = await world.new_host(side)
     for identity, project, role, cap, days in (
         ("member", "pa", "member", "member", None),
         ("admin", "pa", "admin", "admin", None),

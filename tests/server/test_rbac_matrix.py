@@ -137,6 +137,14 @@ async def _fresh_command(w: World) -> dict[str, str]:
     return {"command_id": await w.new_command(w.a)}
 
 
+async def _fresh_credential(w: World) -> dict[str, str]:
+    return {"credential_ref": await w.new_credential(w.a)}
+
+
+def _host_import(w: World, v: dict[str, str]) -> dict[str, Any]:
+    return {"hosts": [{"hostname": unique("imp"), "bmc_type": "ipmi", "bmc_address": "10.1.1.1"}]}
+
+
 def _project_filter(w: World, v: dict[str, str]) -> dict[str, Any]:
     return {"project": "pa"}
 
@@ -273,6 +281,27 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("DELETE", "/api/v1/projects/{project_ref}/volumes/{volume_ref}/attachments/{cluster_id}"): (
         Rule(P.VOLUME_MANAGE, fresh=_fresh_attachment)
     ),
+    # The host inventory and its credentials: the management plane, admins only.
+    ("GET", "/api/v1/projects/{project_ref}/credentials"): Rule(P.CREDENTIAL_MANAGE),
+    ("GET", "/api/v1/projects/{project_ref}/credentials/{credential_ref}"): Rule(
+        P.CREDENTIAL_MANAGE
+    ),
+    ("PUT", "/api/v1/projects/{project_ref}/credentials/{credential_ref}"): Rule(
+        P.CREDENTIAL_MANAGE,
+        body=lambda _w, _v: {"kind": "bmc_password", "username": "root", "secret": "pw"},
+    ),
+    ("DELETE", "/api/v1/projects/{project_ref}/credentials/{credential_ref}"): Rule(
+        P.CREDENTIAL_MANAGE, fresh=_fresh_credential
+    ),
+    ("GET", "/api/v1/projects/{project_ref}/hosts"): Rule(P.HOST_READ, query=_cluster_filter),
+    ("GET", "/api/v1/projects/{project_ref}/hosts/{host_ref}"): Rule(P.HOST_READ),
+    ("POST", "/api/v1/projects/{project_ref}/hosts/import"): Rule(P.HOST_MANAGE, body=_host_import),
+    ("POST", "/api/v1/projects/{project_ref}/hosts/{host_ref}/state"): Rule(
+        P.HOST_MANAGE, body=lambda _w, _v: {"state": "out_of_service", "reason": "matrix"}
+    ),
+    ("POST", "/api/v1/projects/{project_ref}/hosts/{host_ref}/bind"): Rule(
+        P.HOST_MANAGE, body=lambda w, _v: {"node_id": w.a.node["id"]}
+    ),
     # The audit log.
     ("GET", "/api/v1/audit"): Rule(P.AUDIT_READ, query=_project_filter),
     # Agents.
@@ -371,6 +400,8 @@ async def _path(w: World, template: str, rule: Rule) -> tuple[str, dict[str, str
         "command_id": w.a.command_id,
         "acceptance_id": w.a.acceptance_id,
         "signature": "thermal-slowdown",
+        "credential_ref": w.a.credential,
+        "host_ref": w.a.host,
     }
     if rule.fresh is not None:
         values.update(await rule.fresh(w))
@@ -469,6 +500,7 @@ async def test_two_projects_are_isolated(app: RunningApp, viewer: str) -> None:
     ]
     if viewer == "admin":
         listings += [("/api/v1/audit", {"limit": 1000}), ("/api/v1/projects/pa/tokens", {})]
+        listings += [("/api/v1/projects/pa/hosts", {}), ("/api/v1/projects/pa/credentials", {})]
     by_id = [
         f"/api/v1/projects/{world.b.project['id']}",
         "/api/v1/projects/pb",
@@ -482,6 +514,8 @@ async def test_two_projects_are_isolated(app: RunningApp, viewer: str) -> None:
         f"/api/v1/repairs/{world.b.repair_id}",
         f"/api/v1/checks/{world.b.check_id}",
         f"/api/v1/acceptance/{world.b.acceptance_id}",
+        f"/api/v1/projects/pb/hosts/{world.b.host}",
+        f"/api/v1/projects/pb/credentials/{world.b.credential}",
     ]
     async with world.client(viewer) as client:
         seen: set[str] = set()

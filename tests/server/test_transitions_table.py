@@ -28,6 +28,7 @@ from gpufleet.server.db.tables import (
     CheckRunRow,
     ClusterRow,
     EventRow,
+    HostRow,
     NodeRow,
     ProjectRow,
 )
@@ -39,6 +40,7 @@ from gpufleet.server.services.acceptance_status import (
 from gpufleet.server.services.checks import switch_check_status
 from gpufleet.server.services.clusters import switch_cluster_status
 from gpufleet.server.services.command_records import switch_command_status
+from gpufleet.server.services.hosts import switch_host_state
 from gpufleet.server.services.node_commands import enqueue_command
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.repairs import create_repair, switch_repair_status
@@ -113,6 +115,16 @@ async def _startup(session: AsyncSession, world: World, now: dt.datetime) -> Any
     )  # fmt: skip
 
 
+async def _host(session: AsyncSession, world: World, now: dt.datetime) -> Any:
+    row = HostRow(
+        id=new_id(), project_id=world.project.id, hostname=f"h-{new_id()}", bmc_type="ipmi",
+        bmc_address="10.0.0.1", cluster_id=world.cluster.id, role="spare", state="spare",
+        created_at=now, updated_at=now,
+    )  # fmt: skip
+    session.add(row)
+    return row
+
+
 def _p(world: World) -> str:
     return world.project.id
 
@@ -137,6 +149,8 @@ CASES: dict[str, tuple[Make, Switch]] = {
     "startup_run": (_startup, lambda s, w, row, t, now: switch_startup_status(
         s, run=row, node=w.node, project_id=_p(w), target=t, actor=ACTOR, reason="test",
         now=now)),
+    "host": (_host, lambda s, _w, row, t, now: switch_host_state(
+        s, host=row, target=t, actor=ACTOR, reason="test", now=now)),
 }  # fmt: skip
 
 

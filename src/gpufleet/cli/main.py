@@ -15,8 +15,10 @@ from gpufleet.cli import (
     auth,
     checks,
     clusters,
+    credentials,
     events,
     findings,
+    hosts,
     inject,
     nodes,
     projects,
@@ -80,6 +82,8 @@ app.add_typer(users.app, name="users")
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(audit.app, name="audit")
 app.add_typer(clusters.app, name="clusters")
+app.add_typer(hosts.app, name="hosts")
+app.add_typer(credentials.app, name="credentials")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(repairs.app, name="repairs")
 app.add_typer(usage.app, name="usage")
@@ -93,6 +97,7 @@ app.command("scan")(scan.scan)
 # Running the server needs the [server] extra; see cli/server.py.
 app.command("server")(server.server)
 app.command("demo")(server.demo)
+app.command("rotate-secret-key")(server.rotate_secret_key)
 app.command("agent")(agent.agent)
 
 

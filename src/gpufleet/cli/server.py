@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from gpufleet.cli.errors import CliError
-from gpufleet.core.errors import InvalidInput
+from gpufleet.core.errors import GpufleetError, InvalidInput
 
 
 def _missing_extra(exc: ImportError) -> CliError:
@@ -85,3 +85,38 @@ def demo(
         server_main.run_demo(port=port, data_dir=data_dir, slurm=slurm)
     except InvalidInput as exc:
         raise CliError(str(exc)) from exc
+
+
+def rotate_secret_key(
+    database_url: Annotated[
+        str | None, typer.Option(help="SQLAlchemy URL; default GPUFLEET_DATABASE_URL.")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Where the SQLite database lives (no database URL).")
+    ] = None,
+) -> None:
+    """Re-encrypt every stored credential under the current secret key, in one transaction.
+
+    Run on the server host with the server's settings: GPUFLEET_SECRET_KEY (or
+    GPUFLEET_SECRET_KEY_FILE) the new key, the old one in GPUFLEET_PREVIOUS_SECRET_KEYS
+    (or a further line of the key file).
+    """
+    try:
+        # Optional dependency ([server] extra): imported lazily, see the module docstring.
+        from gpufleet.server import main as server_main
+        from gpufleet.server.services.keyring import KeyringError
+        from gpufleet.server.settings import ServerSettings
+    except ImportError as exc:
+        raise _missing_extra(exc) from exc
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {"database_url": database_url, "data_dir": data_dir}.items()
+        if value is not None
+    }
+    try:
+        result = server_main.rotate_secret_key(ServerSettings(**overrides))
+    except KeyringError as exc:
+        raise CliError(str(exc)) from exc
+    except GpufleetError as exc:
+        raise CliError(exc.message) from exc
+    typer.echo(f"re-encrypted {result.reencrypted} credential(s) under key {result.key_id}")

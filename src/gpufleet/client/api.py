@@ -19,6 +19,7 @@ from pydantic import BaseModel, TypeAdapter
 from gpufleet.client.access import AccessCalls
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
+from gpufleet.client.inventory import InventoryCalls
 from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
 from gpufleet.core.check_runs import CheckRun
 from gpufleet.core.enums import (
@@ -102,7 +103,7 @@ def _segment(ref: str) -> str:
     return quote(ref, safe="")
 
 
-class ApiClient(AccessCalls):
+class ApiClient(AccessCalls, InventoryCalls):
     """Synchronous client for one gpufleet server.
 
     ``token`` is an API token (``Authorization: Bearer``); ``None`` only reaches the

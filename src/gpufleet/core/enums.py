@@ -190,3 +190,4 @@ class EventKind(StrEnum):
     CHECK_REQUESTED = "check.requested"  # an active check run was asked for
     CHECK_STATUS = "check.status"  # a check run started, was skipped on a node, or ended
     NODE_COMMAND = "node.command"  # a command for the node's agent: queued, sent, ended
+    HOST_STATE = "host.state"  # an inventory host: in service, spare, claimed, out of service

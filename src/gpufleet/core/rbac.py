@@ -35,6 +35,10 @@ class Permission(StrEnum):
     TOKEN_CREATE = "token.create"  # noqa: S105 - a permission name: one's own tokens
     TOKEN_MANAGE = "token.manage"  # noqa: S105 - list and revoke others' project tokens
     AUDIT_READ = "audit.read"
+    # The management plane: BMC addresses, host keys, and secrets that reach them.
+    HOST_READ = "host.read"
+    HOST_MANAGE = "host.manage"
+    CREDENTIAL_MANAGE = "credential.manage"
     # Outside any project: the platform owner's alone.
     PROJECT_CREATE = "project.create"
     USER_READ = "user.read"
@@ -63,6 +67,9 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.TOKEN_CREATE: "create personal API tokens for themselves",
     Permission.TOKEN_MANAGE: "list and revoke anyone's tokens for the project",
     Permission.AUDIT_READ: "read the project's audit log",
+    Permission.HOST_READ: "see the host inventory (BMC addresses, racks, spares)",
+    Permission.HOST_MANAGE: "import hosts, bind nodes to hosts",
+    Permission.CREDENTIAL_MANAGE: "store, list and delete BMC/SSH/cloud credentials (write-only)",
     Permission.PROJECT_CREATE: "create projects and name their first admin",
     Permission.USER_READ: "list every user",
     Permission.USER_MANAGE: "create users, set their Unix names",

@@ -21,6 +21,7 @@ from gpufleet.core.enums import (
     StartupStatus,
 )
 from gpufleet.core.errors import InvalidTransition
+from gpufleet.core.inventory import HostState
 
 C = ClusterStatus
 N = NodeState
@@ -121,6 +122,17 @@ STARTUP_TRANSITIONS: Mapping[StartupStatus, frozenset[StartupStatus]] = {
     U.CANCELLED: frozenset(),
 }
 
+# An inventory host: a spare is claimed by a failover and then runs the new node; a
+# removed or replaced host goes out of service (hardware service) and comes back as a
+# spare or straight into service once fixed. A claim that was never used goes back.
+H = HostState
+HOST_TRANSITIONS: Mapping[HostState, frozenset[HostState]] = {
+    H.SPARE: frozenset({H.CLAIMED, H.IN_SERVICE, H.OUT_OF_SERVICE}),
+    H.CLAIMED: frozenset({H.IN_SERVICE, H.SPARE, H.OUT_OF_SERVICE}),
+    H.IN_SERVICE: frozenset({H.SPARE, H.OUT_OF_SERVICE}),
+    H.OUT_OF_SERVICE: frozenset({H.SPARE, H.IN_SERVICE}),
+}
+
 
 @dataclass(frozen=True)
 class Lifecycle(Generic[S]):
@@ -163,6 +175,7 @@ STARTUP_RUN = Lifecycle(
     StartupStatus, STARTUP_TRANSITIONS, "status", EventKind.STARTUP_STATUS,
     "startup.status", "node_startup",
 )  # fmt: skip
+HOST = Lifecycle(HostState, HOST_TRANSITIONS, "state", EventKind.HOST_STATE, "host.state", "host")
 
 # Every lifecycle, by name: the table-driven test walks them all.
 LIFECYCLES: Mapping[str, Lifecycle[Any]] = {
@@ -174,6 +187,7 @@ LIFECYCLES: Mapping[str, Lifecycle[Any]] = {
     "acceptance_run": ACCEPTANCE_RUN,
     "acceptance_stage": ACCEPTANCE_RUN_STAGE,
     "startup_run": STARTUP_RUN,
+    "host": HOST,
 }
 
 

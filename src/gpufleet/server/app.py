@@ -33,10 +33,12 @@ from gpufleet.server.routers import (
     auth,
     checks,
     clusters,
+    credentials,
     events,
     faults,
     findings,
     health,
+    hosts,
     node_commands,
     nodes,
     probes,
@@ -47,6 +49,7 @@ from gpufleet.server.routers import (
     volumes,
 )
 from gpufleet.server.services.auth import bootstrap_owner
+from gpufleet.server.services.keyring import Keyring
 from gpufleet.server.settings import ServerSettings
 from gpufleet.server.sim_wiring import SimBundle, build_sim
 from gpufleet.server.web.router import install_console
@@ -63,6 +66,16 @@ from gpufleet.server.workers.repairs.planner import RepairPlanner
 from gpufleet.server.workers.telemetry import TelemetryPruneLoop
 
 log = logging.getLogger(__name__)
+
+
+def keyring_from_settings(settings: ServerSettings) -> Keyring:
+    """The credential keyring; ``KeyringError`` (naming the setting) for a bad key."""
+    return Keyring.load(
+        secret_key=settings.secret_key.get_secret_value() if settings.secret_key else None,
+        secret_key_file=settings.secret_key_file,
+        previous_keys=[k.get_secret_value() for k in settings.previous_secret_keys],
+    )
+
 
 StartupHook = Callable[[AppContext], Awaitable[None]]
 
@@ -96,6 +109,7 @@ def create_app(
         ),
         clock=clock,
         public_url=settings.public_url or f"http://{settings.host}:{settings.port}",
+        keyring=keyring_from_settings(settings),
     )
 
     @asynccontextmanager
@@ -180,6 +194,8 @@ def _route_table() -> tuple[BaseRoute, ...]:
         volumes,
         audit,
         access,
+        credentials,
+        hosts,
     ):
         api.include_router(module.router)
     scratch.include_router(probes.router)

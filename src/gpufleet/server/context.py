@@ -10,6 +10,7 @@ from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import RateLimiter
+from gpufleet.server.services.keyring import Keyring
 from gpufleet.server.services.oidc import OidcRelyingParty
 from gpufleet.server.settings import ServerSettings
 
@@ -24,6 +25,8 @@ class AppContext:
     public_url: str = ""
     ready: bool = False
     bootstrap_token: str | None = field(default=None, repr=False)
+    # Seals and opens stored credentials; empty when no key is configured.
+    keyring: Keyring = field(default_factory=Keyring, repr=False)
     # The repair policy of a project that never set one.
     default_repair_policy: PolicyConfig = field(default_factory=PolicyConfig)
     # Login (routers/auth.py builds both on first use): the OIDC relying party with its

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -10,10 +11,14 @@ from pathlib import Path
 
 import uvicorn
 
-from gpufleet.server.app import create_app
+from gpufleet.core.clock import utcnow
+from gpufleet.core.inventory import KeyRotationResult
+from gpufleet.server.app import create_app, keyring_from_settings
 from gpufleet.server.context import AppContext
+from gpufleet.server.db.engine import Database
 from gpufleet.server.demo import console_banner, prepare_demo
 from gpufleet.server.demo_slurm import SlurmDemo, start_lab, stop_lab
+from gpufleet.server.services.credentials import rotate_credentials
 from gpufleet.server.settings import ServerSettings, default_data_dir
 
 GRACEFUL_SHUTDOWN_S = 5
@@ -43,6 +48,31 @@ def run_server(settings: ServerSettings | None = None) -> None:
         # instead of waiting them out (each claim is shielded; the agent polls again).
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
+
+
+def rotate_secret_key(settings: ServerSettings | None = None) -> KeyRotationResult:
+    """Re-seal every stored credential under the current key, in one transaction.
+
+    Run it after making the new key current and listing the old one as previous; then
+    the old key can go. Raises ``KeyringError`` for a malformed key, ``Conflict`` when no
+    key is set, ``SecretUnavailable`` naming a credential no configured key opens (and
+    then nothing was changed).
+    """
+    settings = settings or ServerSettings()
+    keyring = keyring_from_settings(settings)
+
+    async def rotate() -> KeyRotationResult:
+        db = Database(settings.resolved_database_url())
+        try:
+            await db.migrate()
+            async with db.transaction() as session:
+                return await rotate_credentials(
+                    session, keyring=keyring, actor="system:rotate-secret-key", now=utcnow()
+                )
+        finally:
+            await db.dispose()
+
+    return asyncio.run(rotate())
 
 
 def demo_settings(

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -229,6 +229,29 @@ class ServerSettings(BaseSettings):
     bootstrap_token_file: Path | None = Field(
         default=None,
         description="If set, the first start writes the bootstrap admin token here (mode 0600).",
+    )
+    # -- credentials at rest (docs/providers-inventory.md) ----------------------------
+    secret_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Key that seals stored credentials (BMC passwords, SSH keys, cloud keys) with "
+            "AES-256-GCM: 32 random bytes, base64. Unset (and no key file): the server runs, "
+            "but refuses to store credentials."
+        ),
+    )
+    secret_key_file: Path | None = Field(
+        default=None,
+        description=(
+            "File holding the key instead (a file keeps it out of the environment): first "
+            "line the current key, further lines previous keys (still opened, for rotation)."
+        ),
+    )
+    previous_secret_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description=(
+            "JSON list of previous keys: credentials sealed under them still open until "
+            "`gpufleet rotate-secret-key` re-seals them under the current key."
+        ),
     )
     # -- login through the organisation's OIDC provider (docs/auth.md) --------------
     oidc_issuer: str | None = Field(

@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -651,4 +652,63 @@ class AcceptanceRunRow(Base):
     created_at: Mapped[dt.datetime]
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
+    updated_at: Mapped[dt.datetime]
+
+
+class CredentialRow(Base):
+    """A secret (BMC password, SSH private key, cloud key) sealed with AES-256-GCM under one
+    key of the server's keyring (``key_id``), bound to this row by its id (associated
+    data), so a ciphertext copied to another row does not decrypt. Never leaves the
+    server: only ``services/host_directory.py`` decrypts, for a driver's call."""
+
+    __tablename__ = "credential"
+    __table_args__ = (UniqueConstraint("project_id", "name", name="uq_credential_project_name"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("project.id", ondelete="RESTRICT"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(63))
+    kind: Mapped[str] = mapped_column(String(16))  # bmc_password | ssh_key | aws_key
+    username: Mapped[str | None] = mapped_column(String(255))
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)  # nonce (12 bytes) + sealed + tag
+    key_id: Mapped[str] = mapped_column(String(32))
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime]
+    rotated_at: Mapped[dt.datetime | None]
+
+
+class HostRow(Base):
+    """One machine of the inventory and how to reach its management path."""
+
+    __tablename__ = "host"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("project.id", ondelete="RESTRICT"), index=True
+    )
+    hostname: Mapped[str] = mapped_column(String(253), unique=True)
+    serial: Mapped[str | None] = mapped_column(String(120))
+    bmc_type: Mapped[str] = mapped_column(String(16))  # ipmi | redfish | ssh | aws
+    bmc_address: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int | None] = mapped_column(Integer)
+    system_id: Mapped[str | None] = mapped_column(String(255))
+    host_key: Mapped[str | None] = mapped_column(Text)
+    credential_id: Mapped[str | None] = mapped_column(
+        ForeignKey("credential.id", ondelete="RESTRICT"), index=True
+    )
+    rack: Mapped[str | None] = mapped_column(String(63))
+    leaf_switch: Mapped[str | None] = mapped_column(String(63))
+    pdu: Mapped[str | None] = mapped_column(String(63))
+    cluster_id: Mapped[str | None] = mapped_column(
+        ForeignKey("cluster.id", ondelete="SET NULL"), index=True
+    )
+    role: Mapped[str] = mapped_column(String(16))  # member | spare
+    state: Mapped[str] = mapped_column(String(16))  # in_service | spare | claimed | out_of_service
+    node_id: Mapped[str | None] = mapped_column(
+        ForeignKey("node.id", ondelete="SET NULL"), index=True
+    )
+    # The failover that took it from the pool: the same token always gets the same host.
+    claim_token: Mapped[str | None] = mapped_column(String(128), unique=True)
+    created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]

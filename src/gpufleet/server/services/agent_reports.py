@@ -23,6 +23,7 @@ from gpufleet.core.errors import Conflict, GpufleetError, Unauthorized
 from gpufleet.core.health import node_health
 from gpufleet.core.ids import new_id
 from gpufleet.server.db.tables import EventRow, FindingRow, GpuRow, NodeRow
+from gpufleet.server.services.hosts import bind_by_hostname
 from gpufleet.server.services.node_callers import REFUSED, nodes_by_token_hash
 from gpufleet.server.services.node_health import stage_node_health
 from gpufleet.server.services.telemetry_history import (
@@ -112,6 +113,7 @@ async def apply_report_batches(
     gpu_inserts: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     history: dict[str, NodeSample] = {}  # node id → its minute of telemetry history
+    renamed: list[NodeRow] = []  # nodes whose hostname changed (or was first seen)
     for item in items:
         found = by_hash.get(item.token_hash)
         if found is None:
@@ -166,6 +168,7 @@ async def apply_report_batches(
             if ident.hostname != w.node.hostname:
                 w.updates["hostname"] = ident.hostname
                 w.node.hostname = ident.hostname
+                renamed.append(w.node)
             if ident.serial and ident.serial != w.node.serial:
                 w.updates["serial"] = ident.serial
                 w.node.serial = ident.serial
@@ -187,6 +190,8 @@ async def apply_report_batches(
         session, work=work, gpu_updates=gpu_updates, gpu_inserts=gpu_inserts, events=events
     )
     await write_history(session, samples=[history[k] for k in sorted(history)], now=now)
+    if renamed:  # a node that names its hostname is bound to that inventory host
+        await bind_by_hostname(session, nodes=renamed, now=now)
     return results
 
 

@@ -37,7 +37,7 @@ class Subject:
     object_id: str
     label: str  # "node train-000", "check run 01J… (nccl)": in messages and errors
     project_id: str
-    cluster_id: str
+    cluster_id: str | None  # None: an object of no cluster (an unassigned host)
     node_id: str | None
     ids: Mapping[str, str] = field(default_factory=dict)  # e.g. {"command_id": …}, in data
 
