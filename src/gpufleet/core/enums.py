@@ -21,8 +21,17 @@ class SchedulerKind(StrEnum):
 class ProviderKind(StrEnum):
     SIM = "sim"
     STATIC = "static"
+    IPMI = "ipmi"
     REDFISH = "redfish"
+    SSH = "ssh"
     AWS = "aws"
+
+
+# Providers whose machines come from the host inventory (docs/providers.md). A BMC or an
+# SSH login cannot hand a new machine its node token (there is no user data), so a
+# cluster cannot be created on them yet: their hosts can be checked
+# (``gpufleet providers check``), and the install enrolls the agent.
+BARE_METAL_PROVIDERS = frozenset({ProviderKind.IPMI, ProviderKind.REDFISH, ProviderKind.SSH})
 
 
 class ClusterStatus(StrEnum):

@@ -17,7 +17,7 @@ from gpufleet import __version__
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
-from gpufleet.server.drivers import DriverRegistry, slurm_scheduler
+from gpufleet.server.drivers import DriverRegistry, bare_metal_providers, slurm_scheduler
 from gpufleet.server.errors import ERROR_RESPONSES, install_error_handlers
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
@@ -49,6 +49,7 @@ from gpufleet.server.routers import (
     volumes,
 )
 from gpufleet.server.services.auth import bootstrap_owner
+from gpufleet.server.services.host_directory import DbHostDirectory
 from gpufleet.server.services.keyring import Keyring
 from gpufleet.server.settings import ServerSettings
 from gpufleet.server.sim_wiring import SimBundle, build_sim
@@ -90,10 +91,13 @@ def create_app(
     """Build the app. Nothing touches the store until the lifespan starts."""
     clock = clock or SystemClock()
     db = Database(settings.resolved_database_url())
+    keyring = keyring_from_settings(settings)
     sim: SimBundle | None = None
     if drivers is None:
         sim = build_sim(settings, clock=clock)
         drivers = DriverRegistry(providers={"sim": sim.provider}, schedulers={"sim": sim.scheduler})
+        directory = DbHostDirectory(db=db, keyring=keyring, clock=clock)
+        drivers.providers.update(bare_metal_providers(settings, directory=directory))
         slurm = slurm_scheduler(settings)
         if slurm is not None:
             drivers.schedulers["slurm"] = slurm
@@ -109,7 +113,7 @@ def create_app(
         ),
         clock=clock,
         public_url=settings.public_url or f"http://{settings.host}:{settings.port}",
-        keyring=keyring_from_settings(settings),
+        keyring=keyring,
     )
 
     @asynccontextmanager

@@ -5,8 +5,15 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 
+from gpufleet.core.enums import ProviderKind
 from gpufleet.core.errors import InvalidInput
-from gpufleet.providers.base import Provider
+from gpufleet.providers.base import HostDirectory, Provider
+from gpufleet.providers.ipmi.config import IpmiConfig
+from gpufleet.providers.ipmi.driver import IpmiProvider
+from gpufleet.providers.redfish.config import RedfishConfig
+from gpufleet.providers.redfish.driver import RedfishProvider
+from gpufleet.providers.ssh.config import SshConfig
+from gpufleet.providers.ssh.driver import SshProvider
 from gpufleet.schedulers.base import Scheduler
 from gpufleet.schedulers.slurm.config import SlurmConfig
 from gpufleet.schedulers.slurm.driver import SlurmScheduler
@@ -60,3 +67,24 @@ def slurm_scheduler(settings: ServerSettings) -> SlurmScheduler | None:
             rest_user=settings.slurm_rest_user,
         )
     )
+
+
+def bare_metal_providers(
+    settings: ServerSettings, *, directory: HostDirectory
+) -> dict[str, Provider]:
+    """The ipmi, redfish and ssh drivers over one host directory (the inventory), each
+    with its config's defaults and the few settings an operator must choose.
+
+    Building them runs nothing and loads no third-party client: ipmitool is run, and
+    sushy and asyncssh are imported, on a driver's first call. AWS is not built here: it
+    needs a placement (region, launch template) per cluster.
+    """
+    return {
+        ProviderKind.IPMI.value: IpmiProvider(
+            IpmiConfig(cipher_suite=settings.ipmi_cipher_suite), directory
+        ),
+        ProviderKind.REDFISH.value: RedfishProvider(
+            RedfishConfig(verify_tls=settings.redfish_verify_tls), directory
+        ),
+        ProviderKind.SSH.value: SshProvider(SshConfig(), directory),
+    }

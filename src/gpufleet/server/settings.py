@@ -446,3 +446,25 @@ class ServerSettings(BaseSettings):
             "Slurm commands run here: a user limited by PrivateData would see fewer jobs."
         ),
     )
+
+    # -- bare-metal providers: ipmi, redfish, ssh (docs/providers.md) ---------------
+    # Everything else of these drivers is their config's default (providers/*/config.py).
+    ipmi_cipher_suite: int | None = Field(
+        default=None,
+        ge=0,
+        le=17,
+        description=(
+            "RMCP+ cipher suite for every BMC the `ipmi` driver talks to (ipmitool -C): 17 "
+            "(HMAC-SHA256, AES-128) on current BMCs, 3 on older ones. Unset: ipmitool asks "
+            "each BMC, one more round trip per call (seconds on BMCs that lack the command), "
+            "and a downgrade is not refused. Set it once the fleet's BMCs are known."
+        ),
+    )
+    redfish_verify_tls: bool | str = Field(
+        default=True,
+        description=(
+            "TLS certificate check of the `redfish` driver: true (the system CAs), a CA "
+            "bundle path (BMCs with the site's own CA), or false (self-signed BMC "
+            "certificates; only on a management network you trust)."
+        ),
+    )
