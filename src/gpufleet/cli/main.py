@@ -22,6 +22,7 @@ from gpufleet.cli import (
     inject,
     nodes,
     projects,
+    providers,
     repairs,
     scan,
     server,
@@ -84,6 +85,7 @@ app.add_typer(audit.app, name="audit")
 app.add_typer(clusters.app, name="clusters")
 app.add_typer(hosts.app, name="hosts")
 app.add_typer(credentials.app, name="credentials")
+app.add_typer(providers.app, name="providers")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(repairs.app, name="repairs")
 app.add_typer(usage.app, name="usage")

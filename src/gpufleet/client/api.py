@@ -20,6 +20,7 @@ from gpufleet.client.access import AccessCalls
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
 from gpufleet.client.inventory import InventoryCalls
+from gpufleet.client.providers import ProviderCalls
 from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
 from gpufleet.core.check_runs import CheckRun
 from gpufleet.core.enums import (
@@ -103,7 +104,7 @@ def _segment(ref: str) -> str:
     return quote(ref, safe="")
 
 
-class ApiClient(AccessCalls, InventoryCalls):
+class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
     """Synchronous client for one gpufleet server.
 
     ``token`` is an API token (``Authorization: Bearer``); ``None`` only reaches the
@@ -135,9 +136,13 @@ class ApiClient(AccessCalls, InventoryCalls):
         *,
         params: Mapping[str, object] | None = None,
         body: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
     ) -> httpx.Response:
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
         try:
-            return self._http.request(method, path, params=_query(params or {}), json=body)
+            return self._http.request(
+                method, path, params=_query(params or {}), json=body, timeout=timeout
+            )
         except httpx.TransportError as exc:
             raise ServerUnreachable(
                 f"cannot reach the gpufleet server at {self.base_url}: {exc}"
@@ -150,8 +155,10 @@ class ApiClient(AccessCalls, InventoryCalls):
         *,
         params: Mapping[str, object] | None = None,
         body: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
-        response = self._send(method, path, params=params, body=body)
+        """``timeout_s``: this call's own bound (None: the client's)."""
+        response = self._send(method, path, params=params, body=body, timeout_s=timeout_s)
         raise_for_error(response)
         try:
             return response.json()

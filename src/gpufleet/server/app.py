@@ -43,6 +43,7 @@ from gpufleet.server.routers import (
     nodes,
     probes,
     projects,
+    providers,
     repairs,
     tokens,
     users,
@@ -200,6 +201,7 @@ def _route_table() -> tuple[BaseRoute, ...]:
         access,
         credentials,
         hosts,
+        providers,
     ):
         api.include_router(module.router)
     scratch.include_router(probes.router)
