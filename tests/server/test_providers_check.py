@@ -5,6 +5,8 @@ sushy emulator, a real sshd — with their hosts and credentials imported throug
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from providers.peers import PeerHost, ipmi_peer, redfish_peer, ssh_peer, unreach
 
 # ipmi_sim lacks Get Channel Cipher Suites: pinning the suite saves ~3.5 s per call.
 SETTINGS = {"ipmi_cipher_suite": 3}
+WRONG_PASSWORD = "wrong-Pa55-zq8"  # IPMI passwords are 20 bytes at most
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +53,13 @@ async def _inventory(app: RunningApp, peers: dict[str, PeerHost]) -> dict[str, s
         clusters[kind] = (await create_cluster(app.client, name=f"lab-{kind}", size=1))["id"]
         rows.append(peer.row(cluster=f"lab-{kind}"))
     rows.append(unreachable_redfish_row(cluster="lab-redfish", credential="redfish-bmc"))
+    # The real BMC, opened with a wrong password: refused, and that password never shows.
+    wrong = peers["ipmi"]
+    stored = await put_credential(
+        app.client, "ipmi-wrong", secret=WRONG_PASSWORD, username=wrong.username
+    )
+    assert stored.status_code == 200, stored.text
+    rows.append(wrong.row(cluster="lab-ipmi", hostname="ipmi-wrongpw", credential="ipmi-wrong"))
     imported = await import_hosts(app.client, rows)
     assert imported.status_code == 200, imported.text
     return clusters
@@ -77,10 +87,12 @@ async def test_each_peer_is_reached_and_an_unreachable_bmc_is_a_row(
             assert response.status_code == 200, response.text
             answers[kind] = response.json()
 
-        ((ipmi,),) = [answers["ipmi"]["hosts"]]
+        ipmi, refused = answers["ipmi"]["hosts"]
         assert answers["ipmi"]["provider"] == "ipmi"
         assert (ipmi["hostname"], ipmi["reachable"], ipmi["power"]) == ("ipmi-01", True, "on")
         assert ipmi["detail"] == "BMC answered: power on"
+        assert (refused["hostname"], refused["reachable"]) == ("ipmi-wrongpw", False)
+        assert refused["detail"].startswith("credentials refused"), refused["detail"]
 
         up, down = answers["redfish"]["hosts"]  # by hostname
         assert (up["hostname"], up["reachable"], up["power"]) == ("redfish-01", True, "on")
@@ -105,15 +117,15 @@ async def test_each_peer_is_reached_and_an_unreachable_bmc_is_a_row(
         assert events == mark[0]
         checks = [a for a in audits[len(mark[1]) :] if a.action == "providers.check"]
         assert [(a.detail["provider"], a.detail["unreachable"]) for a in checks] == [
-            ("ipmi", 0), ("redfish", 1), ("ssh", 0),
+            ("ipmi", 1), ("redfish", 1), ("ssh", 0),
         ]  # fmt: skip
         texts += [f"{a.action} {a.detail}" for a in audits]
     assert peers["ipmi"].peer.transitions() == []  # the BMC was asked to change nothing
     texts += [r.getMessage() + (r.exc_text or "") for r in caplog.records]
     texts.append(caplog.text)
-    for peer in peers.values():
-        for secret in peer.secrets():
-            assert not any(secret in text for text in texts), f"{peer.hostname}: secret leaked"
+    secrets = [s for peer in peers.values() for s in peer.secrets()] + [WRONG_PASSWORD]
+    for secret in secrets:
+        assert not any(secret in text for text in texts), f"a secret leaked: {secret[:4]}..."
 
 
 async def test_what_the_check_refuses(
@@ -162,3 +174,20 @@ async def _rows(app: RunningApp) -> tuple[int, list[AuditLogRow]]:
         events = len((await session.scalars(select(EventRow))).all())
         audits = list(await session.scalars(select(AuditLogRow).order_by(AuditLogRow.ts)))
     return events, audits
+
+
+def test_the_server_builds_the_bare_metal_drivers_without_loading_their_clients(
+    tmp_path: Path,
+) -> None:
+    # ipmitool runs, and sushy and asyncssh load, on a driver's first call.
+    code = (
+        "import sys, pathlib\n"
+        "from gpufleet.server.app import create_app\n"
+        "from gpufleet.testing.app import make_settings\n"
+        f"data = pathlib.Path({str(tmp_path)!r})\n"
+        "app = create_app(make_settings(data_dir=data, database_url=f'sqlite+aiosqlite:///{data}/x.db'))\n"
+        "assert sorted(app.state.ctx.drivers.providers) == ['ipmi', 'redfish', 'sim', 'ssh']\n"
+        "loaded = [m for m in ('sushy', 'asyncssh', 'requests') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
