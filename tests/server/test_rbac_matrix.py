@@ -137,6 +137,13 @@ async def _fresh_command(w: World) -> dict[str, str]:
     return {"command_id": await w.new_command(w.a)}
 
 
+async def _fresh_node(w: World) -> dict[str, str]:
+    # A node of its own: issuing a token refuses the old one, which other rows use.
+    cluster_id = await w.new_cluster(w.a)
+    response = await w.app.client.get("/api/v1/nodes", params={"cluster": cluster_id})
+    return {"node_id": response.json()["items"][0]["id"]}
+
+
 async def _fresh_credential(w: World) -> dict[str, str]:
     return {"credential_ref": await w.new_credential(w.a)}
 
@@ -210,6 +217,9 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("DELETE", "/api/v1/nodes/{node_id}/faults/{signature}"): Rule(P.NODE_ACTION),
     ("POST", "/api/v1/nodes/{node_id}/actions"): Rule(
         P.NODE_ACTION, body=lambda _w, _v: {"action": "cordon", "reason": "matrix"}
+    ),
+    ("POST", "/api/v1/nodes/{node_id}/token"): Rule(
+        P.HOST_MANAGE, fresh=_fresh_node, outlives_expiring=True
     ),
     ("GET", "/api/v1/nodes/{node_id}/commands"): Rule(P.NODE_READ),
     ("GET", "/api/v1/nodes/{node_id}/commands/{command_id}"): Rule(P.NODE_READ),

@@ -186,6 +186,26 @@ def show_node(
     emit(output, node, _render_one)
 
 
+@app.command("token")
+def node_token(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="Node id, or its name with --cluster.")],
+    cluster: ClusterOpt = None,
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Issue a new node token for the node's agent and print it (shown this once).
+
+    The node's previous token is refused from now on. For machines that take no user data
+    (bare metal from the host inventory) and reinstalled agents: write it to the file the
+    agent's node_token_file setting names. Needs the project's admin role and a
+    credential that does not expire (a node token never does)."""
+    with config.client_for(ctx) as client:
+        node = find_node(client, ref, cluster=cluster, project=project)
+        issued = client.issue_node_token(node.id)
+    emit(output, issued, lambda t: print(t.token))
+
+
 # -- actions ----------------------------------------------------------------------------
 
 ReasonOpt = Annotated[

@@ -46,6 +46,7 @@ from gpufleet.core.models import (
     Finding,
     GpuHours,
     HealthSummary,
+    IssuedNodeToken,
     Me,
     Node,
     NodeAction,
@@ -544,6 +545,11 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         body = {"action": action.value, "reason": reason, "force": force, "gpu_index": gpu_index}
         data = self._call("POST", f"{API}/nodes/{_segment(node_id)}/actions", body=body)
         return NodeActionResult.model_validate(data)
+
+    def issue_node_token(self, node_id: str) -> IssuedNodeToken:
+        """A new node token for the node's agent (shown once); the old one is refused."""
+        data = self._call("POST", f"{API}/nodes/{_segment(node_id)}/token", body={})
+        return IssuedNodeToken.model_validate(data)
 
     def get_breaker(self, cluster_id: str) -> Breaker:
         """A cluster's repair circuit breaker."""

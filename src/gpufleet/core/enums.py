@@ -170,6 +170,7 @@ class EventKind(StrEnum):
     NODE_REGISTERED = "node.registered"
     NODE_GPUS_CHANGED = "node.gpus_changed"
     NODE_BOOTED = "node.booted"  # the agent reported a new kernel boot id
+    NODE_TOKEN_ISSUED = "node.token_issued"  # noqa: S105 - an event kind; the token is never in it
     FINDING_OPENED = "finding.opened"
     FINDING_CLEARED = "finding.cleared"
     FAULT_INJECTED = "fault.injected"  # a simulated fault, by hand (gpufleet inject)

@@ -268,6 +268,16 @@ class NodeAction(StrEnum):
     RETRY_STARTUP = "retry_startup"
 
 
+class IssuedNodeToken(_Domain):
+    """``POST /api/v1/nodes/{id}/token``: a new node token, shown this once. The node's
+    previous token stopped working when this one was made."""
+
+    node_id: str
+    node_name: str
+    cluster_id: str
+    token: str
+
+
 class NodeActionResult(_Domain):
     """``POST /api/v1/nodes/{id}/actions``: the node after the action, and the repair it
     started (None for cordon, uncordon, drain and retry_startup)."""

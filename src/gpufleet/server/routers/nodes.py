@@ -2,15 +2,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, status
 
 import gpufleet.server.services.nodes as nodes_services
 from gpufleet.core.enums import Health, NodeState
-from gpufleet.core.models import Node, Page
+from gpufleet.core.models import IssuedNodeToken, Node, Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import get_cluster_row_or_error
+from gpufleet.server.services.node_tokens import issue_node_token
 
 router = APIRouter(prefix="/nodes", tags=["nodes"])
 
@@ -55,3 +56,12 @@ async def get_node(
             staleness_s=ctx.settings.staleness_s,
             now=ctx.clock.now(),
         )
+
+
+@router.post("/{node_id}/token", status_code=status.HTTP_201_CREATED)
+async def issue_token(
+    node_id: str, caller: Annotated[Caller, Allow(Permission.HOST_MANAGE)], ctx: CtxDep
+) -> IssuedNodeToken:
+    """A new node token for the node's agent, shown once; the previous one is refused from
+    now on. For machines that take no user data (bare metal) and reinstalled agents."""
+    return await issue_node_token(ctx.db, caller=caller, node_id=node_id, now=ctx.clock.now())
