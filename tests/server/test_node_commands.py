@@ -450,7 +450,7 @@ async def test_the_agent_channel_runs_what_the_server_queues(
     app: RunningApp, tmp_path: Path
 ) -> None:
     (node, _), tokens = await two_nodes(app)
-    async with app.anonymous() as http:
+    async with app.agent_http() as http:
         client = AgentClient(base_url="http://test", node_token=tokens[node["id"]], http=http)
         channel = CommandChannel(
             client,
@@ -504,7 +504,7 @@ async def test_a_command_an_agent_crash_interrupted_is_reported_failed(
     [command] = (await poll(app, tokens[node["id"]])).json()["commands"]
     # The agent journalled it and died before it could start it.
     CommandJournal(tmp_path).begin(NodeCommand.model_validate(command), boot_id=BOOT)
-    async with app.anonymous() as http:
+    async with app.agent_http() as http:
         client = AgentClient(base_url="http://test", node_token=tokens[node["id"]], http=http)
         channel = CommandChannel(client, CommandJournal(tmp_path), boot_id="agent-2", wait_s=1)
         running = asyncio.create_task(channel.run())

@@ -8,6 +8,7 @@ fails the test with the list of requests that wrote none.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -101,6 +102,28 @@ class _RecordMutations:
             )
 
 
+class RunToEnd:
+    """An ASGI app whose requests run to their end when the client gives up on them, as
+    behind uvicorn (it lets a handler finish after the client went away). httpx's
+    in-process transport would instead cancel the handler where it stands, inside a
+    database transaction; an agent cancels its own long poll when a slot frees."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.ensure_future(self._app(scope, receive, send))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(task)
+
+    async def drain(self, timeout_s: float = 60.0) -> None:
+        """Wait for requests whose clients gave up to finish (before the app stops)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+
 @dataclass
 class RunningApp:
     app: FastAPI
@@ -113,6 +136,19 @@ class RunningApp:
         return httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.app), base_url="http://test"
         )
+
+    @asynccontextmanager
+    async def agent_http(self) -> AsyncIterator[httpx.AsyncClient]:
+        """An unauthenticated client for an agent's long-running channel: requests it
+        gives up on run to their end (``RunToEnd``), and are waited for on the way out."""
+        detached = RunToEnd(self.app)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=detached), base_url="http://test"
+        ) as client:
+            try:
+                yield client
+            finally:
+                await detached.drain()
 
     def with_token(self, token: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(
