@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from gpufleet.providers.base import Instance
+from gpufleet.providers.base import Instance, ProvisionRequest
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.sim.models import sim_boot_id
 from gpufleet.testing.fleet import SimFleet, sim_fleet
@@ -102,3 +102,56 @@ async def _boot_id_is(fleet: SimFleet, node: str, boot_id: str) -> bool:
 async def _status_in(fleet: SimFleet, repair_id: str, *wanted: str) -> dict[str, Any] | None:
     repair = await fleet.repair(repair_id)
     return repair if repair["status"] in wanted else None
+
+
+async def test_a_reprovision_by_relaunch_moves_the_node_onto_the_new_machine(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A provider with no in-place reinstall (AWS relaunches from the launch template)
+    returns the new machine; the node follows it and the new machine's boot ends the step."""
+    async with sim_fleet(database_url, tmp_path, size=2) as fleet:
+        provider = fleet.app.ctx.drivers.provider("sim")
+        assert isinstance(provider, SimProvider)
+        old = fleet.instance_id("train-000")
+        await fleet.until(
+            lambda: _boot_id_is(fleet, "train-000", _boot_of(fleet, old)), what="a boot id"
+        )
+
+        async def relaunch(instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
+            sim = fleet.world.get_instance(instance_id)
+            assert sim is not None
+            request = ProvisionRequest(
+                client_token=f"reprovision/{instance_id}",
+                cluster_id=sim.cluster_id,
+                node_name=sim.node_name,
+                gpu_model=sim.gpu_model,
+                gpu_count=len(sim.gpus),
+                user_data=user_data,
+            )
+            return await provider.replace(instance_id, request=request)
+
+        provider.reprovision = relaunch  # type: ignore[method-assign]
+        response = await fleet.app.client.post(
+            f"/api/v1/nodes/{fleet.node_id('train-000')}/actions",
+            json={"action": "reprovision", "reason": "test"},
+        )
+        assert response.status_code in (200, 201, 202), response.text
+        repair_id = response.json()["repair"]["id"]
+        done = await fleet.until(
+            lambda: _status_in(fleet, repair_id, "succeeded", "failed"),
+            ticks=300,
+            what="the reprovision",
+        )
+        assert done["status"] == "succeeded", done
+        node = await fleet.node("train-000")
+        assert node["provider_instance_id"] not in (None, old), node
+        new = node["provider_instance_id"]
+        assert node["boot_id"] == _boot_of(fleet, new) and node["state"] == "in_service"
+        moved = await fleet.events(fleet.cluster_id, "repair.step")
+        assert any(f"{old} → {new}" in e["message"] for e in moved), moved
+
+
+def _boot_of(fleet: SimFleet, instance_id: str) -> str:
+    sim = fleet.world.get_instance(instance_id)
+    assert sim is not None
+    return sim_boot_id(instance_id, sim.boot_id)

@@ -180,10 +180,13 @@ class SupportsReboot(Protocol):
 
 @runtime_checkable
 class SupportsReprovision(Protocol):
-    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> None:
-        """Wipe and reinstall the same machine, then boot it with ``user_data``.
+    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
+        """Wipe and reinstall the machine, then boot it with ``user_data``.
 
-        Kills running jobs and erases local disks; drain first.
+        Returns None when the same machine was reinstalled (its instance id stays), or the
+        new instance when the provider can only relaunch (a cloud without an in-place
+        reinstall): the node moves onto it. Kills running jobs and erases local disks;
+        drain first.
         """
         ...
 

@@ -330,10 +330,11 @@ async def test_reprovision_relaunches_the_node_from_the_template(
 ) -> None:
     old = await running(provider, request())
     size = aws.group()["DesiredCapacity"]
-    await provider.reprovision(old.instance_id, user_data={"gpufleet_node_token": "fresh"})
+    moved = await provider.reprovision(old.instance_id, user_data={"gpufleet_node_token": "fresh"})
     assert aws.state(old.instance_id) == "terminated"
     [new] = await provider.list_instances("c1")
     assert new.instance_id != old.instance_id  # a new machine: the id changes
+    assert moved is not None and moved.instance_id == new.instance_id  # the node follows it
     assert new.node_name == "gpu-1" and new.state is InstanceState.RUNNING
     assert user_data_of(aws, new.instance_id) == {"gpufleet_node_token": "fresh"}
     assert aws.members()[new.instance_id] == "InService"

@@ -530,7 +530,7 @@ class AwsProvider:
 
     # -- SupportsReprovision ------------------------------------------------------------
 
-    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> None:
+    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
         """Relaunch the node on a fresh machine from the launch template, booted with
         ``user_data``; the node name, cluster and group membership carry over, the
         instance id does NOT (a new machine, new root and instance-store disks).
@@ -538,8 +538,9 @@ class AwsProvider:
         EC2's in-place reinstall (``CreateReplaceRootVolumeTask``, same instance id) is
         not used: moto, the only AWS this project can test against, lacks it. Waits (at
         most ``replace_timeout_s``) for the new machine to run and join the group, then
-        terminates the old one. Idempotent: the new machine's client token is derived
-        from the old instance id. Kills running jobs and erases the disks; drain first.
+        terminates the old one and returns the new one (the node moves onto it).
+        Idempotent: the new machine's client token is derived from the old instance id.
+        Kills running jobs and erases the disks; drain first.
 
         Raises:
             DriverError: no such instance, it is not a gpufleet instance, AWS refused, or
@@ -581,6 +582,7 @@ class AwsProvider:
                 )
             await asyncio.sleep(self._config.poll_interval_s)
         await self.terminate(instance_id)
+        return new
 
 
 def _unreachable(instance_id: str, detail: str) -> ReachCheck:

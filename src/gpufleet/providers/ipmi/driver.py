@@ -204,7 +204,7 @@ class IpmiProvider:
 
     # ------------------------------------------------------ SupportsReprovision
 
-    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> None:
+    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
         """Ask the BMC for a one-time PXE boot (``chassis bootdev pxe``, in UEFI mode with
         ``efi_boot``), then hard reset (power on if off). The install server that
         answers the PXE boot wipes and reinstalls the disks; gpufleet does not run it.
@@ -228,6 +228,7 @@ class IpmiProvider:
         async with self._locks[access.host_id]:
             await self._client.run(access, "chassis", "bootdev", "pxe", *options)
         await self._reset(access)
+        return None  # the same machine, reinstalled from the network
 
     async def boot_flags(self, instance_id: str) -> BootFlags:
         """The boot override the BMC holds (``chassis bootparam get 5``).

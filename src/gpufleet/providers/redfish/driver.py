@@ -197,7 +197,7 @@ class RedfishProvider:
         async with self._bmc(await self._access(instance_id)) as bmc:
             await self._restart(bmc, await self._system(bmc), action="reboot")
 
-    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> None:
+    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
         """Set a one-time boot override to the network (``reprovision_boot_target``,
         Pxe by default; in UEFI mode where the system reports it), then restart as
         ``reboot`` does. The network installer wipes and reinstalls the local disks and
@@ -232,6 +232,7 @@ class RedfishProvider:
                 ) from None
             log.info("redfish: host %s: boot override %s (once) set", bmc.access.hostname, target)
             await self._restart(bmc, system, action="reprovision")
+        return None  # the same machine, reinstalled from the network
 
     # --- SupportsReachCheck -----------------------------------------------------------
 

@@ -122,11 +122,12 @@ class SimProvider:
             self._world.reset_gpu, instance_id, gpu_index=gpu_index, plan=self._reset
         )
 
-    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> None:
+    async def reprovision(self, instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
         """Reinstall and boot with ``user_data``; takes a full provisioning delay."""
         await asyncio.to_thread(
             self._world.reprovision, instance_id, user_data=dict(user_data), plan=self._boot
         )
+        return None  # the same machine, reinstalled
 
     async def replace(self, instance_id: str, *, request: ProvisionRequest) -> Instance:
         """Terminate ``instance_id`` and boot a new host; idempotent by client_token."""

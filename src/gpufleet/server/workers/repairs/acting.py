@@ -193,7 +193,9 @@ async def _call(
             if node is None:
                 return
             node.token_hash = hash_token(token)  # a fresh install gets a fresh token
-        await provider.reprovision(instance_id, user_data=_user_data(ctx, loaded, token))
+        moved = await provider.reprovision(instance_id, user_data=_user_data(ctx, loaded, token))
+        if moved is not None and moved.instance_id != instance_id:
+            await _relaunched(ctx, loaded, moved)
     elif action is RepairAction.RESET_GPU:
         if not isinstance(provider, SupportsGpuReset):
             raise InvalidInput(
@@ -203,6 +205,23 @@ async def _call(
         await provider.reset_gpu(instance_id, gpu_index=loaded.repair.gpu_index)
     else:
         raise InvalidInput(f"no provider call for action {action.value}")
+
+
+async def _relaunched(ctx: RepairContext, loaded: LoadedRepair, moved: Instance) -> None:
+    """A provider that reprovisions by relaunching (no in-place reinstall) put the node on
+    a new machine: the node follows it, so the wait and later repairs ask about it."""
+    async with ctx.locked(loaded) as tx:
+        if tx is None:
+            return
+        old = tx.node.provider_instance_id
+        tx.node.provider_instance_id = moved.instance_id
+        tx.node.hostname = moved.hostname or tx.node.hostname
+        tx.node.serial = moved.serial or tx.node.serial
+        tx.step_event(
+            f"reprovisioned onto a new machine: {old} → {moved.instance_id}",
+            {"old_instance_id": old, "new_instance_id": moved.instance_id},
+        )
+    loaded.node.provider_instance_id = moved.instance_id
 
 
 def _user_data(ctx: RepairContext, loaded: LoadedRepair, token: str) -> dict[str, str]:
