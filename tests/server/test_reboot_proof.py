@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from gpufleet.providers.base import Instance, ProvisionRequest
+from gpufleet.providers.base import Instance, InstanceState, ProvisionRequest
 from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.sim.models import sim_boot_id
 from gpufleet.testing.fleet import SimFleet, sim_fleet
@@ -155,3 +155,46 @@ def _boot_of(fleet: SimFleet, instance_id: str) -> str:
     sim = fleet.world.get_instance(instance_id)
     assert sim is not None
     return sim_boot_id(instance_id, sim.boot_id)
+
+
+async def test_a_failover_keeps_the_token_its_replacement_was_launched_with(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A cloud cannot change a launched instance's user data: every pass after the first
+    follows the replacement it asked for, and the swap stores the first token's hash."""
+    async with sim_fleet(database_url, tmp_path, size=2) as fleet:
+        provider = fleet.app.ctx.drivers.provider("sim")
+        assert isinstance(provider, SimProvider)
+        first_asks: dict[str, ProvisionRequest] = {}
+        sim_provision = provider.provision
+
+        asks: list[str] = []
+
+        async def like_ec2(request: ProvisionRequest) -> Instance:
+            # A stand-in for EC2: the same client token returns the machine launched with
+            # the first request's user data, whatever this request carries; it answers
+            # pending to the first asks (a launch takes a few polls).
+            asks.append(request.client_token)
+            launched = await sim_provision(first_asks.setdefault(request.client_token, request))
+            if len(asks) <= 2:
+                return dataclasses.replace(launched, state=InstanceState.PENDING)
+            return launched
+
+        provider.provision = like_ec2  # type: ignore[method-assign]
+        old = fleet.instance_id("train-000")
+        response = await fleet.app.client.post(
+            f"/api/v1/nodes/{fleet.node_id('train-000')}/actions",
+            json={"action": "replace", "reason": "test"},
+        )
+        assert response.status_code in (200, 201, 202), response.text
+        repair_id = response.json()["repair"]["id"]
+        done = await fleet.until(
+            lambda: _status_in(fleet, repair_id, "succeeded", "failed"),
+            ticks=300,
+            seconds=5.0,
+            what="the failover",
+        )
+        assert done["status"] == "succeeded", done
+        node = await fleet.node("train-000")
+        assert node["provider_instance_id"] not in (None, old) and node["state"] == "in_service"
+        assert len(first_asks) == 1  # one replacement asked for

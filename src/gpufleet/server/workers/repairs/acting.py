@@ -256,22 +256,36 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
         return
     if not await _requested(ctx, loaded):
         return
-    token = generate_token(NODE_TOKEN_PREFIX)
-    request = ProvisionRequest(
-        client_token=f"{loaded.repair.id}/failover",
-        cluster_id=loaded.cluster.id,
-        node_name=loaded.node.name,
-        gpu_model=loaded.cluster.gpu_model,
-        gpu_count=loaded.cluster.gpus_per_node,
-        user_data=_user_data(ctx, loaded, token),
-    )
-    try:
-        # Idempotent by client token: the same replacement every pass (its user data,
-        # and so its node token, refreshed to the one whose hash the swap stores).
-        instance = await provider.provision(request)
-    except DriverError as exc:
-        await ctx.note(loaded, f"no replacement machine yet: {exc.message}")
-        return
+    waiting_for = loaded.progress.get("replacement_instance_id")
+    token_hash = loaded.progress.get("replacement_token_hash")
+    if isinstance(waiting_for, str) and isinstance(token_hash, str):
+        # Asked for already: follow that machine. Its node token went out in the first
+        # pass's user data, which a cloud cannot change on a launched instance.
+        found = await provider.get_instance(waiting_for)
+        if found is None or found.state is InstanceState.TERMINATED:
+            await ctx.fail(loaded, f"replacement machine {waiting_for} is gone")
+            return
+        instance = found
+    else:
+        token = generate_token(NODE_TOKEN_PREFIX)
+        token_hash = hash_token(token)
+        request = ProvisionRequest(
+            client_token=f"{loaded.repair.id}/failover",
+            cluster_id=loaded.cluster.id,
+            node_name=loaded.node.name,
+            gpu_model=loaded.cluster.gpu_model,
+            gpu_count=loaded.cluster.gpus_per_node,
+            user_data=_user_data(ctx, loaded, token),
+        )
+        try:
+            # Idempotent by client token: after a crash before the replacement was
+            # recorded, the same machine again (the sim refreshes its user data; a cloud
+            # keeps the first token, and the replacement then never reports: the verify
+            # timeout fails the repair and the ladder moves on).
+            instance = await provider.provision(request)
+        except DriverError as exc:
+            await ctx.note(loaded, f"no replacement machine yet: {exc.message}")
+            return
     if instance.state is InstanceState.FAILED:
         await provider.terminate(instance.instance_id)
         await ctx.fail(loaded, f"replacement machine failed to boot: {instance.error}")
@@ -280,10 +294,11 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
             loaded,
             f"waiting for replacement machine {instance.instance_id}",
             replacement_instance_id=instance.instance_id,
+            replacement_token_hash=token_hash,
         )
     else:
         ctx.failpoints.hit("repair.acting.after_call")
-        await _swap(ctx, loaded, instance, token_hash=hash_token(token))
+        await _swap(ctx, loaded, instance, token_hash=token_hash)
 
 
 async def _swap(
