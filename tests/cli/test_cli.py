@@ -449,6 +449,11 @@ def test_server_and_demo_call_the_server_package(
     fake.run_server = lambda settings: calls.append(("server", settings))  # type: ignore[attr-defined]
     fake.run_demo = lambda **kw: calls.append(("demo", kw))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "gpufleet.server.main", fake)
+    # `from gpufleet.server import main` reads the package's attribute first: once another
+    # test in this process imported the real module, only this replaces it.
+    import gpufleet.server
+
+    monkeypatch.setattr(gpufleet.server, "main", fake, raising=False)
 
     result = CliRunner().invoke(app, ["server", "--port", "9090", "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
