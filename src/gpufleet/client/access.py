@@ -4,53 +4,35 @@ log and a cluster's sudo/Slurm-admin rendering. Mixed into ``ApiClient``."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from typing import Any
-from urllib.parse import quote
 
+from gpufleet.client.calls import API, Calls, segment
 from gpufleet.core.access import AuditEntry, Member, Volume
 from gpufleet.core.enums import Role
 from gpufleet.core.models import ApiToken, Page, User
 from gpufleet.core.slurm_admins import AccessConfig
 
-API = "/api/v1"
 
-
-def _seg(ref: str) -> str:
-    return quote(ref, safe="")
-
-
-class AccessCalls:
-    """Needs ``_call`` (``ApiClient`` has it)."""
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, object] | None = None,
-        body: Mapping[str, Any] | None = None,
-    ) -> Any:
-        raise NotImplementedError
+class AccessCalls(Calls):
+    """Mixed into ``ApiClient``."""
 
     # -- members ------------------------------------------------------------------------
     def list_members(self, project: str) -> list[Member]:
-        data = self._call("GET", f"{API}/projects/{_seg(project)}/members")
+        data = self._call("GET", f"{API}/projects/{segment(project)}/members")
         return [Member.model_validate(m) for m in data]
 
     def add_member(self, project: str, *, user: str, role: Role = Role.MEMBER) -> Member:
         """Add an existing user (id or name); ``ApiError`` 409 if already a member."""
         body = {"user": user, "role": role.value}
-        path = f"{API}/projects/{_seg(project)}/members"
+        path = f"{API}/projects/{segment(project)}/members"
         return Member.model_validate(self._call("POST", path, body=body))
 
     def set_member_role(self, project: str, user: str, *, role: Role) -> Member:
         """409 for the project's last admin and for roles an IdP group grants."""
-        path = f"{API}/projects/{_seg(project)}/members/{_seg(user)}"
+        path = f"{API}/projects/{segment(project)}/members/{segment(user)}"
         return Member.model_validate(self._call("PATCH", path, body={"role": role.value}))
 
     def remove_member(self, project: str, user: str) -> Member:
-        path = f"{API}/projects/{_seg(project)}/members/{_seg(user)}"
+        path = f"{API}/projects/{segment(project)}/members/{segment(user)}"
         return Member.model_validate(self._call("DELETE", path))
 
     # -- users (the platform owner) -----------------------------------------------------
@@ -66,27 +48,27 @@ class AccessCalls:
     def set_unix_name(self, user: str, unix_name: str | None) -> User:
         """Set a user's Unix name; None removes it."""
         body = {"unix_name": unix_name}
-        return User.model_validate(self._call("PATCH", f"{API}/users/{_seg(user)}", body=body))
+        return User.model_validate(self._call("PATCH", f"{API}/users/{segment(user)}", body=body))
 
     # -- tokens -------------------------------------------------------------------------
     def list_tokens(self, *, project: str | None = None, revoked: bool = False) -> list[ApiToken]:
         """Your own tokens; with ``project``, every user's tokens of it (its admins)."""
-        path = f"{API}/projects/{_seg(project)}/tokens" if project else f"{API}/tokens"
+        path = f"{API}/projects/{segment(project)}/tokens" if project else f"{API}/tokens"
         data = self._call("GET", path, params={"revoked": revoked})
         return [ApiToken.model_validate(t) for t in data]
 
     def revoke_token(self, token_id: str) -> ApiToken:
         """Revoke now: every later request with it gets 401."""
-        return ApiToken.model_validate(self._call("DELETE", f"{API}/tokens/{_seg(token_id)}"))
+        return ApiToken.model_validate(self._call("DELETE", f"{API}/tokens/{segment(token_id)}"))
 
     # -- storage volumes ----------------------------------------------------------------
     def list_volumes(self, project: str) -> list[Volume]:
-        data = self._call("GET", f"{API}/projects/{_seg(project)}/volumes")
+        data = self._call("GET", f"{API}/projects/{segment(project)}/volumes")
         return [Volume.model_validate(v) for v in data]
 
     def create_volume(self, project: str, *, name: str, size_gb: int, mount_path: str) -> Volume:
         body = {"name": name, "size_gb": size_gb, "mount_path": mount_path}
-        path = f"{API}/projects/{_seg(project)}/volumes"
+        path = f"{API}/projects/{segment(project)}/volumes"
         return Volume.model_validate(self._call("POST", path, body=body))
 
     def update_volume(
@@ -98,21 +80,20 @@ class AccessCalls:
         mount_path: str | None = None,
     ) -> Volume:
         body = {k: v for k, v in (("size_gb", size_gb), ("mount_path", mount_path)) if v}
-        path = f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}"
+        path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}"
         return Volume.model_validate(self._call("PATCH", path, body=body))
 
     def delete_volume(self, project: str, volume: str) -> Volume:
-        path = f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}"
+        path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}"
         return Volume.model_validate(self._call("DELETE", path))
 
     def attach_volume(self, project: str, volume: str, *, cluster_id: str) -> Volume:
-        path = f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}/attachments"
+        path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}/attachments"
         return Volume.model_validate(self._call("POST", path, body={"cluster": cluster_id}))
 
     def detach_volume(self, project: str, volume: str, *, cluster_id: str) -> Volume:
-        path = (
-            f"{API}/projects/{_seg(project)}/volumes/{_seg(volume)}/attachments/{_seg(cluster_id)}"
-        )
+        volume_path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}"
+        path = f"{volume_path}/attachments/{segment(cluster_id)}"
         return Volume.model_validate(self._call("DELETE", path))
 
     # -- audit log, cluster access ------------------------------------------------------
@@ -141,5 +122,5 @@ class AccessCalls:
 
     def cluster_access(self, cluster_id: str) -> AccessConfig:
         """Who a cluster's nodes give sudo and Slurm admin to."""
-        path = f"{API}/clusters/{_seg(cluster_id)}/access"
+        path = f"{API}/clusters/{segment(cluster_id)}/access"
         return AccessConfig.model_validate(self._call("GET", path))

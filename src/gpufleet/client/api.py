@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from gpufleet.client.access import AccessCalls
+from gpufleet.client.calls import API, segment
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
 from gpufleet.client.inventory import InventoryCalls
@@ -59,7 +60,6 @@ from gpufleet.core.models import (
 from gpufleet.core.repair.models import PolicyConfig
 from gpufleet.core.repair.replay import ReplayReport
 
-API = "/api/v1"
 # The server caps a page at 1000 items; iterators ask for full pages to save round trips.
 MAX_PAGE_SIZE = 1000
 
@@ -98,11 +98,6 @@ def _query(params: Mapping[str, object]) -> dict[str, QueryValue]:
         else:
             out[key] = _query_value(value)
     return out
-
-
-def _segment(ref: str) -> str:
-    """A caller-typed id or name as one path segment: ``/`` or ``?`` cannot reroute it."""
-    return quote(ref, safe="")
 
 
 class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
@@ -336,7 +331,7 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         suite = body.get("acceptance_suite")
         if isinstance(suite, AcceptanceSuite):
             body["acceptance_suite"] = suite.model_dump(mode="json")
-        path = f"{API}/clusters/{_segment(cluster_id)}"
+        path = f"{API}/clusters/{segment(cluster_id)}"
         return Cluster.model_validate(self._call("PATCH", path, body=body))
 
     def delete_cluster(self, cluster_id: str) -> Cluster:
@@ -511,24 +506,24 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
 
     def get_repair(self, repair_id: str) -> Repair:
         """One repair, with the jobs on its node now (``jobs``) while it is open."""
-        return Repair.model_validate(self._call("GET", f"{API}/repairs/{_segment(repair_id)}"))
+        return Repair.model_validate(self._call("GET", f"{API}/repairs/{segment(repair_id)}"))
 
     def approve_repair(self, repair_id: str, *, reason: str = "", force: bool = False) -> Repair:
         """Approve a proposed repair. ``force`` lets its drain kill the jobs still running
         at the drain timeout. ``ApiError`` 409 when the breaker refuses or it is not
         proposed, 403 for a project member."""
         body = {"reason": reason, "force": force}
-        path = f"{API}/repairs/{_segment(repair_id)}/approve"
+        path = f"{API}/repairs/{segment(repair_id)}/approve"
         return Repair.model_validate(self._call("POST", path, body=body))
 
     def dismiss_repair(self, repair_id: str, *, reason: str) -> Repair:
         """Reject a proposed repair; ``reason`` is required and kept with the decision."""
-        path = f"{API}/repairs/{_segment(repair_id)}/dismiss"
+        path = f"{API}/repairs/{segment(repair_id)}/dismiss"
         return Repair.model_validate(self._call("POST", path, body={"reason": reason}))
 
     def force_repair(self, repair_id: str, *, reason: str) -> Repair:
         """Let a draining repair kill the jobs still on its node, now."""
-        path = f"{API}/repairs/{_segment(repair_id)}/force"
+        path = f"{API}/repairs/{segment(repair_id)}/force"
         return Repair.model_validate(self._call("POST", path, body={"reason": reason}))
 
     def node_action(
@@ -543,22 +538,22 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         """Cordon, uncordon or drain a node, or start a reboot, reprovision, replace,
         remove or GPU reset as an approved repair (named in the result)."""
         body = {"action": action.value, "reason": reason, "force": force, "gpu_index": gpu_index}
-        data = self._call("POST", f"{API}/nodes/{_segment(node_id)}/actions", body=body)
+        data = self._call("POST", f"{API}/nodes/{segment(node_id)}/actions", body=body)
         return NodeActionResult.model_validate(data)
 
     def issue_node_token(self, node_id: str) -> IssuedNodeToken:
         """A new node token for the node's agent (shown once); the old one is refused."""
-        data = self._call("POST", f"{API}/nodes/{_segment(node_id)}/token", body={})
+        data = self._call("POST", f"{API}/nodes/{segment(node_id)}/token", body={})
         return IssuedNodeToken.model_validate(data)
 
     def get_breaker(self, cluster_id: str) -> Breaker:
         """A cluster's repair circuit breaker."""
-        path = f"{API}/clusters/{_segment(cluster_id)}/repair-breaker"
+        path = f"{API}/clusters/{segment(cluster_id)}/repair-breaker"
         return Breaker.model_validate(self._call("GET", path))
 
     def reset_breaker(self, cluster_id: str, *, reason: str) -> Breaker:
         """Close a tripped breaker so approvals go through again."""
-        path = f"{API}/clusters/{_segment(cluster_id)}/repair-breaker/reset"
+        path = f"{API}/clusters/{segment(cluster_id)}/repair-breaker/reset"
         return Breaker.model_validate(self._call("POST", path, body={"reason": reason}))
 
     def gpu_hours(
@@ -582,13 +577,13 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
 
     def get_repair_policy(self, project: str) -> PolicyConfig:
         """A project's repair policy (the server's default when it never set one)."""
-        data = self._call("GET", f"{API}/projects/{_segment(project)}/repair-policy")
+        data = self._call("GET", f"{API}/projects/{segment(project)}/repair-policy")
         return POLICY.validate_python(data)
 
     def set_repair_policy(self, project: str, policy: Mapping[str, Any]) -> PolicyConfig:
         """Replace a project's repair policy (its fields as JSON, as ``policy_json``
         writes them); fields left out take their defaults. Returns the policy as stored."""
-        path = f"{API}/projects/{_segment(project)}/repair-policy"
+        path = f"{API}/projects/{segment(project)}/repair-policy"
         return POLICY.validate_python(self._call("PUT", path, body=policy))
 
     def replay_repair_policy(
@@ -606,7 +601,7 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
             "cluster_id": cluster_id,
             "policy": None if policy is None else dict(policy),
         }
-        path = f"{API}/projects/{_segment(project)}/repair-policy/replay"
+        path = f"{API}/projects/{segment(project)}/repair-policy/replay"
         return REPLAY.validate_python(self._call("POST", path, body=body))
 
     # -- acceptance -----------------------------------------------------------------
@@ -619,7 +614,7 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         limit: int | None = None,
     ) -> Page[AcceptanceRun]:
         """A cluster's acceptance runs, newest first."""
-        path = f"{API}/clusters/{_segment(cluster_id)}/acceptance"
+        path = f"{API}/clusters/{segment(cluster_id)}/acceptance"
         params = {"trigger": trigger, "cursor": cursor, "limit": limit}
         return self._get(Page[AcceptanceRun], path, params)
 
@@ -634,12 +629,12 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         """Run the cluster's acceptance suite now (admins); ``nodes`` (names or ids)
         limits it to those nodes and to the node-level checks."""
         body = {"nodes": None if nodes is None else list(nodes), "reason": reason, "force": force}
-        path = f"{API}/clusters/{_segment(cluster_id)}/acceptance"
+        path = f"{API}/clusters/{segment(cluster_id)}/acceptance"
         return AcceptanceRun.model_validate(self._call("POST", path, body=body))
 
     def get_acceptance_run(self, run_id: str) -> AcceptanceRun:
         return AcceptanceRun.model_validate(
-            self._call("GET", f"{API}/acceptance/{_segment(run_id)}")
+            self._call("GET", f"{API}/acceptance/{segment(run_id)}")
         )
 
     def acceptance_report(self, run_id: str, *, fmt: str = "json") -> tuple[bytes, str]:
@@ -647,7 +642,7 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         JSON report, from the ``ETag``). 409 while the run is under way."""
         if fmt not in ("json", "html"):
             raise ValueError(f"report format is json or html, not {fmt!r}")
-        response = self._send("GET", f"{API}/acceptance/{_segment(run_id)}/report.{fmt}")
+        response = self._send("GET", f"{API}/acceptance/{segment(run_id)}/report.{fmt}")
         raise_for_error(response)
         return response.content, response.headers.get("etag", "").strip('"')
 
@@ -696,16 +691,16 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         return self._get(Page[CheckRun], f"{API}/checks", params)
 
     def get_check(self, run_id: str) -> CheckRun:
-        return CheckRun.model_validate(self._call("GET", f"{API}/checks/{_segment(run_id)}"))
+        return CheckRun.model_validate(self._call("GET", f"{API}/checks/{segment(run_id)}"))
 
     def check_output(self, run_id: str) -> str:
         """The run's raw output (every command's, under a header line each)."""
-        response = self._send("GET", f"{API}/checks/{_segment(run_id)}/output")
+        response = self._send("GET", f"{API}/checks/{segment(run_id)}/output")
         raise_for_error(response)
         return response.text
 
     def cancel_check(self, run_id: str) -> CheckRun:
-        path = f"{API}/checks/{_segment(run_id)}/cancel"
+        path = f"{API}/checks/{segment(run_id)}/cancel"
         return CheckRun.model_validate(self._call("POST", path))
 
     # -- lifecycle ------------------------------------------------------------------

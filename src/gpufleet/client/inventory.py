@@ -5,10 +5,9 @@ A credential's secret is sent once (``put_credential``) and never returned by th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-from urllib.parse import quote
+from collections.abc import Sequence
 
+from gpufleet.client.calls import API, Calls, segment
 from gpufleet.core.inventory import (
     CredentialKind,
     Host,
@@ -18,67 +17,51 @@ from gpufleet.core.inventory import (
     StoredCredential,
 )
 
-API = "/api/v1"
 
-
-def _seg(ref: str) -> str:
-    return quote(ref, safe="")
-
-
-class InventoryCalls:
-    """Needs ``_call`` (``ApiClient`` has it)."""
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, object] | None = None,
-        body: Mapping[str, Any] | None = None,
-    ) -> Any:
-        raise NotImplementedError
+class InventoryCalls(Calls):
+    """Mixed into ``ApiClient``."""
 
     # -- credentials --------------------------------------------------------------------
     def list_credentials(self, project: str) -> list[StoredCredential]:
-        data = self._call("GET", f"{API}/projects/{_seg(project)}/credentials")
+        data = self._call("GET", f"{API}/projects/{segment(project)}/credentials")
         return [StoredCredential.model_validate(c) for c in data]
 
     def get_credential(self, project: str, name: str) -> StoredCredential:
-        path = f"{API}/projects/{_seg(project)}/credentials/{_seg(name)}"
+        path = f"{API}/projects/{segment(project)}/credentials/{segment(name)}"
         return StoredCredential.model_validate(self._call("GET", path))
 
     def put_credential(
         self, project: str, name: str, *, kind: CredentialKind, username: str | None, secret: str
     ) -> StoredCredential:
         """Create or replace; the answer is the metadata only."""
-        path = f"{API}/projects/{_seg(project)}/credentials/{_seg(name)}"
+        path = f"{API}/projects/{segment(project)}/credentials/{segment(name)}"
         body = {"kind": kind.value, "username": username, "secret": secret}
         return StoredCredential.model_validate(self._call("PUT", path, body=body))
 
     def delete_credential(self, project: str, name: str) -> StoredCredential:
-        path = f"{API}/projects/{_seg(project)}/credentials/{_seg(name)}"
+        path = f"{API}/projects/{segment(project)}/credentials/{segment(name)}"
         return StoredCredential.model_validate(self._call("DELETE", path))
 
     # -- hosts --------------------------------------------------------------------------
     def list_hosts(self, project: str, *, cluster_id: str | None = None) -> list[Host]:
         params = {"cluster": cluster_id} if cluster_id else None
-        data = self._call("GET", f"{API}/projects/{_seg(project)}/hosts", params=params)
+        data = self._call("GET", f"{API}/projects/{segment(project)}/hosts", params=params)
         return [Host.model_validate(h) for h in data]
 
     def get_host(self, project: str, host: str) -> Host:
-        path = f"{API}/projects/{_seg(project)}/hosts/{_seg(host)}"
+        path = f"{API}/projects/{segment(project)}/hosts/{segment(host)}"
         return Host.model_validate(self._call("GET", path))
 
     def import_hosts(self, project: str, hosts: Sequence[HostSpec]) -> HostImportResult:
         body = {"hosts": [h.model_dump(mode="json", exclude_none=True) for h in hosts]}
-        path = f"{API}/projects/{_seg(project)}/hosts/import"
+        path = f"{API}/projects/{segment(project)}/hosts/import"
         return HostImportResult.model_validate(self._call("POST", path, body=body))
 
     def bind_host(self, project: str, host: str, *, node_id: str) -> Host:
-        path = f"{API}/projects/{_seg(project)}/hosts/{_seg(host)}/bind"
+        path = f"{API}/projects/{segment(project)}/hosts/{segment(host)}/bind"
         return Host.model_validate(self._call("POST", path, body={"node_id": node_id}))
 
     def set_host_state(self, project: str, host: str, *, state: HostState, reason: str) -> Host:
-        path = f"{API}/projects/{_seg(project)}/hosts/{_seg(host)}/state"
+        path = f"{API}/projects/{segment(project)}/hosts/{segment(host)}/state"
         body = {"state": state.value, "reason": reason}
         return Host.model_validate(self._call("POST", path, body=body))

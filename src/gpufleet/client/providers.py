@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-from urllib.parse import quote
-
+from gpufleet.client.calls import API, Calls, segment
 from gpufleet.core.enums import ProviderKind
 from gpufleet.core.providers import ProvidersCheckResult
-
-API = "/api/v1"
 
 # A reach check waits for the slowest host: a hung BMC takes its driver's whole bound
 # (Redfish: three requests of 15 s; SSH: three connection attempts of 10 s), and hosts
@@ -18,26 +13,15 @@ API = "/api/v1"
 CHECK_TIMEOUT_S = 600.0
 
 
-class ProviderCalls:
-    """Needs ``_call`` (``ApiClient`` has it)."""
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, object] | None = None,
-        body: Mapping[str, Any] | None = None,
-        timeout_s: float | None = None,
-    ) -> Any:
-        raise NotImplementedError
+class ProviderCalls(Calls):
+    """Mixed into ``ApiClient``."""
 
     def check_providers(
         self, cluster_id: str, *, provider: ProviderKind | None = None
     ) -> ProvidersCheckResult:
         """Reach every inventory host of the cluster through its provider (or
         ``provider``), changing nothing. An unreachable host is a row, not an error."""
-        path = f"{API}/clusters/{quote(cluster_id, safe='')}/providers/check"
+        path = f"{API}/clusters/{segment(cluster_id)}/providers/check"
         body = {"provider": provider.value if provider is not None else None}
         data = self._call("POST", path, body=body, timeout_s=CHECK_TIMEOUT_S)
         return ProvidersCheckResult.model_validate(data)
