@@ -28,14 +28,8 @@ from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.providers.ssh.config import SshConfig
 from gpufleet.providers.ssh.driver import SshProvider
 from gpufleet.testing.fleet import SimFleet, sim_fleet
-from providers.ipmi.ipmi_lab import (
-    BMC_PASSWORD,
-    IpmiSim,
-    MemoryDirectory,
-    free_udp_port,
-    require_tools,
-)
-from providers.peers import PeerHost, redfish_peer, ssh_peer
+from providers.ipmi.ipmi_lab import BMC_PASSWORD, IpmiSim, MemoryDirectory, free_udp_port
+from providers.peers import PeerHost, ipmi_peer, redfish_peer, ssh_peer
 
 CONFIG = IpmiConfig(
     cipher_suite=3, timeout_s=8.0, retries=1, retry_backoff_s=0.1, udp_timeout_s=1, udp_retries=1
@@ -45,13 +39,9 @@ WRONG_PASSWORD = "not-the-Bmc-pw-41"
 
 @pytest.fixture(scope="module")
 def bmc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IpmiSim]:
-    require_tools()  # fails loudly when ipmi_sim or ipmitool is missing
-    sim = IpmiSim(tmp_path_factory.mktemp("bmc"))
-    try:
-        sim.start()
-        yield sim
-    finally:
-        sim.stop()
+    # Fails loudly when ipmi_sim or ipmitool is missing.
+    with ipmi_peer(tmp_path_factory.mktemp("bmc")) as peer:
+        yield peer.peer
 
 
 @pytest.fixture(scope="module")
@@ -171,24 +161,19 @@ def _through_bmc(
     fleet: SimFleet, bmc: IpmiSim, *, password: str = BMC_PASSWORD, port: int | None = None
 ) -> None:
     """The cluster's machines reboot through the ipmi driver and the BMC."""
-    provider = fleet.app.ctx.drivers.provider("sim")
-    assert isinstance(provider, SimProvider)
-    directory = MemoryDirectory()
-    for name in fleet.nodes:
-        instance_id = fleet.instance_id(name)
-        directory.add(
-            bmc.access(instance_id, password=password, cluster_id=fleet.cluster_id, port=port)
-        )
-    ipmi = IpmiProvider(CONFIG, directory)
-    machine_restarts = provider.reboot
 
-    async def reboot(instance_id: str) -> None:
+    def access(instance_id: str) -> HostAccess:
+        return bmc.access(instance_id, password=password, cluster_id=fleet.cluster_id, port=port)
+
+    def saw_restart() -> Seen:
         mark = bmc.mark()
-        await ipmi.reboot(instance_id)
-        if any(seen.startswith("reset") for seen in bmc.transitions_since(mark)):
-            await machine_restarts(instance_id)  # the stand-in: the machine behind the BMC
 
-    provider.reboot = reboot  # type: ignore[method-assign]
+        async def seen() -> bool:
+            return any(t.startswith("reset") for t in bmc.transitions_since(mark))
+
+        return seen
+
+    _bridge(fleet, IpmiProvider(CONFIG, _directory(fleet, access)), saw_restart)
 
 
 async def _approved_reboot(fleet: SimFleet, node: str) -> str:
