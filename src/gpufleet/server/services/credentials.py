@@ -18,9 +18,9 @@ from gpufleet.core.inventory import CredentialKind, KeyRotationResult, StoredCre
 from gpufleet.core.rbac import Permission
 from gpufleet.server.db.tables import CredentialRow, HostRow, ProjectRow
 from gpufleet.server.services.audit import record_audit
-from gpufleet.server.services.auth import Caller, require
+from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.keyring import NO_KEY_MESSAGE, Keyring, credential_aad
-from gpufleet.server.services.projects import get_project_row_or_error
+from gpufleet.server.services.projects import get_project_row_for
 
 MAX_SECRET_CHARS = 16_384  # an RSA-4096 PEM key is ~3.3 kB
 
@@ -38,14 +38,6 @@ def credential_row_to_model(row: CredentialRow, *, hosts: int = 0) -> StoredCred
         rotated_at=row.rotated_at,
         hosts=hosts,
     )
-
-
-async def _project(
-    session: AsyncSession, caller: Caller, project_ref: str, permission: Permission
-) -> ProjectRow:
-    project = await get_project_row_or_error(session, caller=caller, ref=project_ref)
-    require(caller, permission, project.id)
-    return project
 
 
 async def find_credential_row(
@@ -86,7 +78,9 @@ async def _host_counts(session: AsyncSession, ids: list[str]) -> dict[str, int]:
 async def list_credentials(
     session: AsyncSession, *, caller: Caller, project_ref: str
 ) -> list[StoredCredential]:
-    project = await _project(session, caller, project_ref, Permission.CREDENTIAL_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.CREDENTIAL_MANAGE
+    )
     rows = (
         await session.scalars(
             select(CredentialRow)
@@ -101,7 +95,9 @@ async def list_credentials(
 async def get_credential(
     session: AsyncSession, *, caller: Caller, project_ref: str, credential_ref: str
 ) -> StoredCredential:
-    project = await _project(session, caller, project_ref, Permission.CREDENTIAL_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.CREDENTIAL_MANAGE
+    )
     row = await _credential_or_error(session, project=project, ref=credential_ref)
     counts = await _host_counts(session, [row.id])
     return credential_row_to_model(row, hosts=counts.get(row.id, 0))
@@ -123,7 +119,9 @@ async def put_credential(
 
     Refused (409, nothing written) when the server has no key configured.
     """
-    project = await _project(session, caller, project_ref, Permission.CREDENTIAL_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.CREDENTIAL_MANAGE
+    )
     if not keyring.configured:
         raise Conflict(NO_KEY_MESSAGE, field="secret")
     if not secret.strip():
@@ -167,7 +165,9 @@ async def delete_credential(
     session: AsyncSession, *, caller: Caller, project_ref: str, credential_ref: str
 ) -> StoredCredential:
     """Delete a credential no host uses (409 naming the hosts otherwise)."""
-    project = await _project(session, caller, project_ref, Permission.CREDENTIAL_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.CREDENTIAL_MANAGE
+    )
     row = await _credential_or_error(session, project=project, ref=credential_ref)
     users = list(
         await session.scalars(

@@ -31,8 +31,8 @@ from gpufleet.core.rbac import Permission
 from gpufleet.core.transitions import HOST
 from gpufleet.server.db.tables import ClusterRow, CredentialRow, HostRow, NodeRow, ProjectRow
 from gpufleet.server.services.audit import record_audit
-from gpufleet.server.services.auth import Caller, require
-from gpufleet.server.services.projects import get_project_row_or_error
+from gpufleet.server.services.auth import Caller
+from gpufleet.server.services.projects import get_project_row_for
 from gpufleet.server.services.transitions import Subject, transition
 
 # The columns an import sets from a row (cluster and credential resolved to ids).
@@ -113,14 +113,6 @@ def switch_host_state(
     return changed
 
 
-async def _project(
-    session: AsyncSession, caller: Caller, project_ref: str, permission: Permission
-) -> ProjectRow:
-    project = await get_project_row_or_error(session, caller=caller, ref=project_ref)
-    require(caller, permission, project.id)
-    return project
-
-
 async def get_host_row_or_error(session: AsyncSession, *, project: ProjectRow, ref: str) -> HostRow:
     """A host of the project by id or hostname."""
     by_name = HostRow.hostname == ref
@@ -134,7 +126,9 @@ async def get_host_row_or_error(session: AsyncSession, *, project: ProjectRow, r
 async def list_hosts(
     session: AsyncSession, *, caller: Caller, project_ref: str, cluster_id: str | None = None
 ) -> list[Host]:
-    project = await _project(session, caller, project_ref, Permission.HOST_READ)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.HOST_READ
+    )
     query = select(HostRow).where(HostRow.project_id == project.id)
     if cluster_id is not None:
         query = query.where(HostRow.cluster_id == cluster_id)
@@ -145,7 +139,9 @@ async def list_hosts(
 async def get_host(
     session: AsyncSession, *, caller: Caller, project_ref: str, host_ref: str
 ) -> Host:
-    project = await _project(session, caller, project_ref, Permission.HOST_READ)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.HOST_READ
+    )
     row = await get_host_row_or_error(session, project=project, ref=host_ref)
     return (await hosts_to_models(session, [row]))[0]
 
@@ -181,7 +177,9 @@ async def import_hosts(
 ) -> HostImportResult:
     """Create or update every row by hostname, all or nothing: a bad row raises
     ``InvalidInput`` naming the row (1-based) and the field, and nothing is written."""
-    project = await _project(session, caller, project_ref, Permission.HOST_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.HOST_MANAGE
+    )
     clusters = await _clusters_by_ref(session, project.id)
     credentials = {
         str(name): str(cid)
@@ -350,7 +348,9 @@ async def bind_host(
     now: dt.datetime,
 ) -> Host:
     """Bind a node of the project's clusters to this host (explicitly, by an admin)."""
-    project = await _project(session, caller, project_ref, Permission.HOST_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.HOST_MANAGE
+    )
     host = await get_host_row_or_error(session, project=project, ref=host_ref)
     node = await session.get(NodeRow, node_id) if is_id(node_id) else None
     cluster = await session.get(ClusterRow, node.cluster_id) if node is not None else None
@@ -397,7 +397,9 @@ async def set_host_state(
     """An admin moves a host: out of service (maintenance; its node binding ends), back
     to the spare pool (its old claim forgotten) or into service. ``claimed`` is only ever
     reached through a failover's claim."""
-    project = await _project(session, caller, project_ref, Permission.HOST_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.HOST_MANAGE
+    )
     host = await get_host_row_or_error(session, project=project, ref=host_ref)
     if target is HostState.CLAIMED:
         raise InvalidInput(

@@ -35,6 +35,16 @@ async def get_project_row_or_error(
     return row
 
 
+async def get_project_row_for(
+    session: AsyncSession, *, caller: Caller, ref: str, permission: Permission
+) -> ProjectRow:
+    """A project the caller can see (NotFound otherwise) and holds ``permission`` in
+    (Forbidden otherwise)."""
+    project = await get_project_row_or_error(session, caller=caller, ref=ref)
+    require(caller, permission, project.id)
+    return project
+
+
 async def get_user_row_or_error(session: AsyncSession, *, ref: str, field: str = "user") -> UserRow:
     """A user by id or name."""
     match = or_(UserRow.id == ref, UserRow.name == ref) if is_id(ref) else UserRow.name == ref

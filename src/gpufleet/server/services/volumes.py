@@ -15,9 +15,9 @@ from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.rbac import Permission
 from gpufleet.server.db.tables import ClusterRow, ProjectRow, VolumeAttachmentRow, VolumeRow
 from gpufleet.server.services.audit import record_audit
-from gpufleet.server.services.auth import Caller, require
+from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import get_cluster_row_or_error
-from gpufleet.server.services.projects import get_project_row_or_error
+from gpufleet.server.services.projects import get_project_row_for
 
 
 async def _attached(session: AsyncSession, volume_ids: list[str]) -> dict[str, list[str]]:
@@ -51,14 +51,6 @@ async def _volume(session: AsyncSession, row: VolumeRow) -> Volume:
     return volume_row_to_volume(row, (await _attached(session, [row.id]))[row.id])
 
 
-async def _project(
-    session: AsyncSession, caller: Caller, project_ref: str, permission: Permission
-) -> ProjectRow:
-    project = await get_project_row_or_error(session, caller=caller, ref=project_ref)
-    require(caller, permission, project.id)
-    return project
-
-
 async def get_volume_row_or_error(
     session: AsyncSession, *, project: ProjectRow, ref: str
 ) -> VolumeRow:
@@ -71,7 +63,9 @@ async def get_volume_row_or_error(
 
 
 async def list_volumes(session: AsyncSession, *, caller: Caller, project_ref: str) -> list[Volume]:
-    project = await _project(session, caller, project_ref, Permission.VOLUME_READ)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.VOLUME_READ
+    )
     rows = (
         await session.scalars(
             select(VolumeRow).where(VolumeRow.project_id == project.id).order_by(VolumeRow.name)
@@ -84,7 +78,9 @@ async def list_volumes(session: AsyncSession, *, caller: Caller, project_ref: st
 async def get_volume(
     session: AsyncSession, *, caller: Caller, project_ref: str, volume_ref: str
 ) -> Volume:
-    project = await _project(session, caller, project_ref, Permission.VOLUME_READ)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.VOLUME_READ
+    )
     return await _volume(
         session, await get_volume_row_or_error(session, project=project, ref=volume_ref)
     )
@@ -99,7 +95,9 @@ async def create_volume(
     size_gb: int,
     mount_path: str,
 ) -> Volume:
-    project = await _project(session, caller, project_ref, Permission.VOLUME_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.VOLUME_MANAGE
+    )
     taken = await session.scalar(
         select(VolumeRow.id).where(VolumeRow.project_id == project.id, VolumeRow.name == name)
     )
@@ -130,7 +128,9 @@ async def update_volume(
     mount_path: str | None,
 ) -> Volume:
     """Grow a volume or move its mount path (not while two attached volumes would clash)."""
-    project = await _project(session, caller, project_ref, Permission.VOLUME_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.VOLUME_MANAGE
+    )
     row = await get_volume_row_or_error(session, project=project, ref=volume_ref)
     detail: dict[str, object] = {}
     if size_gb is not None and size_gb != row.size_gb:
@@ -157,7 +157,9 @@ async def delete_volume(
     session: AsyncSession, *, caller: Caller, project_ref: str, volume_ref: str
 ) -> Volume:
     """Delete a volume that is attached nowhere (detach it first)."""
-    project = await _project(session, caller, project_ref, Permission.VOLUME_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.VOLUME_MANAGE
+    )
     row = await get_volume_row_or_error(session, project=project, ref=volume_ref)
     volume = await _volume(session, row)
     if volume.cluster_ids:
@@ -193,7 +195,9 @@ async def _refuse_mount_clash(
 async def attach_volume(
     session: AsyncSession, *, caller: Caller, project_ref: str, volume_ref: str, cluster_id: str
 ) -> Volume:
-    project = await _project(session, caller, project_ref, Permission.VOLUME_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.VOLUME_MANAGE
+    )
     row = await get_volume_row_or_error(session, project=project, ref=volume_ref)
     cluster = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
     if cluster.project_id != project.id:
@@ -220,7 +224,9 @@ async def attach_volume(
 async def detach_volume(
     session: AsyncSession, *, caller: Caller, project_ref: str, volume_ref: str, cluster_id: str
 ) -> Volume:
-    project = await _project(session, caller, project_ref, Permission.VOLUME_MANAGE)
+    project = await get_project_row_for(
+        session, caller=caller, ref=project_ref, permission=Permission.VOLUME_MANAGE
+    )
     row = await get_volume_row_or_error(session, project=project, ref=volume_ref)
     attachment = (
         await session.get(VolumeAttachmentRow, (row.id, cluster_id)) if is_id(cluster_id) else None
