@@ -22,6 +22,7 @@ from gpufleet.agent.collectors.slurm import SlurmCollector
 from gpufleet.agent.commands import CommandChannel, CommandJournal, kernel_boot_id, new_boot_id
 from gpufleet.agent.daemons import DaemonSpec, DaemonSupervisor, SupervisorPolicy
 from gpufleet.agent.detectors import Detector
+from gpufleet.agent.enroll import obtain_node_token
 from gpufleet.agent.exporter import serve
 from gpufleet.agent.gres_check import GresCheck
 from gpufleet.agent.outbox import Outbox
@@ -202,11 +203,12 @@ async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    token = await obtain_node_token(settings, stop=stop)
+    if token is None:
+        return  # stopped while waiting to enroll
     collectors, sources = build_collectors(settings)
     client = AgentClient(
-        base_url=settings.server_url,
-        node_token=settings.read_token(),
-        timeout_s=settings.request_timeout_s,
+        base_url=settings.server_url, node_token=token, timeout_s=settings.request_timeout_s
     )
     agent = build_agent(settings, client=client, collectors=collectors, sources=sources)
     commands = (

@@ -30,6 +30,17 @@ class AgentSettings(BaseSettings):
         default=None,
         description="File holding the node token (a Kubernetes Secret mount, a 0600 file).",
     )
+    enroll_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "The cluster's enroll token (bare metal: the install hands it over, not user "
+            "data). With no node token yet, the agent trades it and its hostname for its "
+            "node's token and keeps that in node_token_file (default state_dir/node-token)."
+        ),
+    )
+    enroll_token_file: Path | None = Field(
+        default=None, description="File holding the enroll token (preferred over the env var)."
+    )
     hostname: str = Field(
         default_factory=socket.gethostname,
         description="Name this node reports; the hostname, so it matches Slurm and k8s.",
@@ -282,6 +293,18 @@ class AgentSettings(BaseSettings):
         if self.retry_max_s < self.retry_initial_s:
             raise ValueError("retry_max_s must be >= retry_initial_s")
         return self
+
+    def read_enroll_token(self) -> str | None:
+        """The enroll token from the setting or its file; None if neither is set."""
+        if self.enroll_token is not None:
+            return self.enroll_token.get_secret_value()
+        if self.enroll_token_file is not None:
+            return self.enroll_token_file.read_text(encoding="utf-8").strip() or None
+        return None
+
+    def token_path(self) -> Path:
+        """Where an enrolled agent keeps its node token."""
+        return self.node_token_file or self.state_dir / "node-token"
 
     def read_token(self) -> str:
         """The node token from the setting or its file. Raises ``ValueError`` if neither."""

@@ -315,3 +315,39 @@ def reset_breaker(
         cluster_id = client.find_cluster(ref, project=project).id
         breaker = client.reset_breaker(cluster_id, reason=reason.strip())
     emit(output, breaker, _render_breaker)
+
+
+_TTL = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_ttl(value: str) -> int:
+    """``90m``, ``24h``, ``7d`` or seconds, as seconds."""
+    match = _TTL.match(value)
+    if match is None:
+        raise typer.BadParameter(f"{value!r}: give a number with s, m, h or d, e.g. 24h",
+                                 param_hint="--ttl")  # fmt: skip
+    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+@app.command("enroll-token")
+def enroll_token(
+    ctx: typer.Context,
+    ref: ClusterRef,
+    ttl: Annotated[
+        str, typer.Option("--ttl", help="How long it works: 90m, 24h (default), up to 30d.")
+    ] = "24h",
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Make the cluster's enroll token and print it (shown this once; the previous one
+    stops working).
+
+    For bare-metal clusters (ipmi, redfish, ssh): the install puts it on each machine
+    (GPUFLEET_AGENT_ENROLL_TOKEN_FILE), whose agent trades it and its hostname for its
+    node's token. Needs the project's admin role and a credential that does not expire."""
+    ttl_s = parse_ttl(ttl)
+    with config.client_for(ctx) as client:
+        cluster_id = client.find_cluster(ref, project=project).id
+        issued = client.issue_enroll_token(cluster_id, ttl_s=ttl_s)
+    emit(output, issued, lambda t: print(t.token))

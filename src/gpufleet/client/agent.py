@@ -13,6 +13,8 @@ from gpufleet.core.agent_protocol import (
     CommandPoll,
     CommandResult,
     CommandResultAck,
+    EnrollAck,
+    EnrollRequest,
     EventAck,
     EventBatch,
     FindingAck,
@@ -27,6 +29,26 @@ FINDINGS_PATH = "/api/v1/agent/findings"
 EVENTS_PATH = "/api/v1/agent/events"
 ACCESS_PATH = "/api/v1/agent/access"
 COMMANDS_PATH = "/api/v1/agent/commands"
+ENROLL_PATH = "/api/v1/agent/enroll"
+
+
+async def enroll(
+    http: httpx.AsyncClient, *, base_url: str, enroll_token: str, request: EnrollRequest
+) -> EnrollAck:
+    """Trade the cluster's enroll token and this machine's hostname for its node token
+    (bare metal, ``server/services/enrollment.py``). Raises ``ApiError`` (401: the token
+    is refused; 404: no such host; 409: no node waits for it yet, or it already enrolled)
+    or ``ServerUnreachable``."""
+    try:
+        response = await http.post(
+            base_url.rstrip("/") + ENROLL_PATH,
+            content=request.model_dump_json(exclude_none=True),
+            headers={"Authorization": f"Bearer {enroll_token}", "Content-Type": "application/json"},
+        )
+    except httpx.TransportError as exc:
+        raise ServerUnreachable(f"{base_url}: {exc!r}") from exc
+    raise_for_error(response)
+    return EnrollAck.model_validate_json(response.content)
 
 
 class AgentClient:

@@ -47,6 +47,7 @@ from gpufleet.core.models import (
     Finding,
     GpuHours,
     HealthSummary,
+    IssuedEnrollToken,
     IssuedNodeToken,
     Me,
     Node,
@@ -545,6 +546,12 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         """A new node token for the node's agent (shown once); the old one is refused."""
         data = self._call("POST", f"{API}/nodes/{segment(node_id)}/token", body={})
         return IssuedNodeToken.model_validate(data)
+
+    def issue_enroll_token(self, cluster_id: str, *, ttl_s: int) -> IssuedEnrollToken:
+        """A new enroll token for the cluster's bare-metal installs (shown once); the
+        previous one is refused."""
+        path = f"{API}/clusters/{segment(cluster_id)}/enroll-token"
+        return IssuedEnrollToken.model_validate(self._call("POST", path, body={"ttl_s": ttl_s}))
 
     def get_breaker(self, cluster_id: str) -> Breaker:
         """A cluster's repair circuit breaker."""

@@ -60,6 +60,24 @@ class NodeIdentity(_Wire):
     boot_id: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9._:-]{1,64}$")] = None
 
 
+class EnrollRequest(_Wire):
+    """``POST /api/v1/agent/enroll`` with the cluster's enroll token as the bearer: a
+    bare-metal machine's agent asks for the token of the node that waits for its host."""
+
+    hostname: Annotated[str, Field(min_length=1, max_length=253)]
+    boot_id: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9._:-]{1,64}$")] = None
+
+
+class EnrollAck(_Wire):
+    """The node the machine enrolled as, and its node token (shown this once: the agent
+    keeps it in its token file)."""
+
+    node_id: str
+    node_name: str
+    cluster_id: str
+    node_token: str
+
+
 class NodeReport(_Wire):
     seq: Annotated[int, Field(ge=1, le=2**62)]
     sampled_at: dt.datetime

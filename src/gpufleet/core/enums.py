@@ -171,6 +171,8 @@ class EventKind(StrEnum):
     NODE_GPUS_CHANGED = "node.gpus_changed"
     NODE_BOOTED = "node.booted"  # the agent reported a new kernel boot id
     NODE_TOKEN_ISSUED = "node.token_issued"  # noqa: S105 - an event kind; the token is never in it
+    NODE_ENROLLED = "node.enrolled"  # a bare-metal machine's agent enrolled as the node
+    CLUSTER_ENROLL_TOKEN = "cluster.enroll_token"  # noqa: S105 - an event kind; never the token
     FINDING_OPENED = "finding.opened"
     FINDING_CLEARED = "finding.cleared"
     FAULT_INJECTED = "fault.injected"  # a simulated fault, by hand (gpufleet inject)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.core.acceptance import DEFAULT_SUITE, AcceptanceSuite
 from gpufleet.core.enums import (
@@ -276,6 +276,26 @@ class IssuedNodeToken(_Domain):
     node_name: str
     cluster_id: str
     token: str
+
+
+class EnrollTokenRequest(BaseModel):
+    """``POST /api/v1/clusters/{id}/enroll-token``: how long the new token works."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # An install round of a rack takes hours, not weeks: 24 h by default, 30 days at most.
+    ttl_s: Annotated[int, Field(ge=60, le=30 * 86400)] = 86400
+
+
+class IssuedEnrollToken(_Domain):
+    """A cluster's enroll token, shown this once: the install puts it on each bare-metal
+    machine, whose agent trades it (with its hostname) for its node's own token. A new one
+    replaces the previous one at once."""
+
+    cluster_id: str
+    cluster_name: str
+    token: str
+    expires_at: dt.datetime
 
 
 class NodeActionResult(_Domain):

@@ -34,6 +34,7 @@ from gpufleet.server.routers import (
     checks,
     clusters,
     credentials,
+    enrollment,
     events,
     faults,
     findings,
@@ -202,6 +203,7 @@ def _route_table() -> tuple[BaseRoute, ...]:
         credentials,
         hosts,
         providers,
+        enrollment,
     ):
         api.include_router(module.router)
     scratch.include_router(probes.router)

@@ -225,6 +225,10 @@ class ClusterRow(_Leased, Base):
     acceptance_suite: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Why the cluster is in its status, in words: "acceptance failed on gpu-003: ...".
     status_detail: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # The enroll token bare-metal installs hand their agents (services/enrollment.py):
+    # its hash, and when it stops working. None: no token, nothing can enroll.
+    enroll_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    enroll_token_expires_at: Mapped[dt.datetime | None]
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     deleted_at: Mapped[dt.datetime | None]
@@ -262,6 +266,9 @@ class NodeRow(_Leased, Base):
     last_finding_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     provision_requested_at: Mapped[dt.datetime | None]
     provision_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Since when the node waits for its machine's agent to enroll (a bare-metal host was
+    # claimed or reinstalled: a BMC cannot hand it a token). None: nothing may enroll as it.
+    enroll_open_at: Mapped[dt.datetime | None]
     # Why the node is held where it is: a failed startup script, a failed acceptance check.
     state_detail: Mapped[str] = mapped_column(Text, default="", server_default="")
     created_at: Mapped[dt.datetime]

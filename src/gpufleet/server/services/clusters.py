@@ -16,7 +16,6 @@ from gpufleet.checks.thresholds import UnknownName, get_thresholds
 from gpufleet.core.acceptance import AcceptanceSuite, suite_or_default
 from gpufleet.core.clock import utcnow
 from gpufleet.core.enums import (
-    BARE_METAL_PROVIDERS,
     ClusterStatus,
     EventKind,
     Health,
@@ -145,14 +144,6 @@ async def create_cluster(
         known = "; ".join(sorted(GPU_MODELS))
         raise InvalidInput(
             f"unknown gpu_model {request.gpu_model!r} (known: {known})", field="gpu_model"
-        )
-    if request.provider in BARE_METAL_PROVIDERS:
-        raise InvalidInput(
-            f"provider {request.provider.value!r} cannot create a cluster yet: its machines "
-            "come from the host inventory, and a BMC or SSH login cannot hand a new machine "
-            "its node token. Check the hosts of a cluster with `gpufleet providers check "
-            f"CLUSTER --provider {request.provider.value}` (docs/providers.md)",
-            field="provider",
         )
     drivers.provider(request.provider.value)
     drivers.scheduler(request.scheduler.value)

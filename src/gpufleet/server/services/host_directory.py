@@ -102,6 +102,25 @@ class DbHostDirectory:
         mine = await session.scalar(select(HostRow).where(HostRow.claim_token == client_token))
         if mine is not None:
             return await host_access(session, self._keyring, mine)
+        # A member host no node runs on yet (a new bare-metal cluster's machines) first,
+        # then the spare pool: a spare stays for a failover while a member is free.
+        row = await session.scalar(
+            select(HostRow)
+            .where(
+                HostRow.cluster_id == cluster_id,
+                HostRow.state == HostState.IN_SERVICE.value,
+                HostRow.node_id.is_(None),
+                HostRow.claim_token.is_(None),
+            )
+            .order_by(HostRow.hostname)
+            .limit(1)
+            .with_for_update()  # an import or a bind of that row waits, or is waited for
+        )
+        if row is not None:
+            row.claim_token = client_token
+            row.updated_at = self._clock.now()
+            await session.flush()
+            return await host_access(session, self._keyring, row)
         row = await session.scalar(
             select(HostRow)
             .where(HostRow.cluster_id == cluster_id, HostRow.state == HostState.SPARE.value)

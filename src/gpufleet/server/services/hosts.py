@@ -302,7 +302,7 @@ async def import_hosts(
     return HostImportResult(**result)
 
 
-async def _bind(
+async def bind_node_to_host(
     session: AsyncSession,
     *,
     host: HostRow,
@@ -367,7 +367,7 @@ async def bind_host(
             f"host {host.hostname} belongs to another cluster than node {node.name}",
             field="node_id",
         )
-    await _bind(
+    await bind_node_to_host(
         session, host=host, node=node, actor=caller.actor,
         reason=f"bound to node {node.name}", now=now,
     )  # fmt: skip
@@ -450,7 +450,7 @@ async def bind_by_hostname(
         cluster = await session.get(ClusterRow, node.cluster_id)
         if cluster is None or cluster.project_id != host.project_id:
             continue
-        await _bind(
+        await bind_node_to_host(
             session, host=host, node=node, actor="system:inventory",
             reason=f"node {node.name} reported hostname {host.hostname}", now=now,
         )  # fmt: skip

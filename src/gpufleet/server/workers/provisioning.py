@@ -34,6 +34,7 @@ from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.acceptance import settle_cluster_status
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
 from gpufleet.server.services.clusters import new_node_rows, node_name, switch_cluster_status
+from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.node_holds import hold_in_scheduler, record_hold
 from gpufleet.server.services.nodes import switch_node_state
@@ -90,6 +91,8 @@ class _NodeView:
     state: NodeState
     instance_id: str | None
     attempts: int
+    enroll_open: bool = False  # waits for its bare-metal machine's agent to enroll
+    reported: bool = False  # its agent reported at least once
 
 
 class ProvisioningLoop(LoopService):
@@ -131,7 +134,13 @@ class ProvisioningLoop(LoopService):
                 return  # nothing to provision: skip loading every node row each pass
             nodes = [
                 _NodeView(
-                    n.id, n.name, NodeState(n.state), n.provider_instance_id, n.provision_attempts
+                    n.id,
+                    n.name,
+                    NodeState(n.state),
+                    n.provider_instance_id,
+                    n.provision_attempts,
+                    enroll_open=n.enroll_open_at is not None,
+                    reported=n.last_report_at is not None,
                 )
                 for n in await session.scalars(
                     select(NodeRow).where(
@@ -197,6 +206,11 @@ class ProvisioningLoop(LoopService):
         if instance is None or instance.state is InstanceState.TERMINATED:
             await self._forget_instance(cluster, node, reason="the provider no longer has it")
         elif instance.state is InstanceState.RUNNING:
+            if takes_no_user_data(cluster.provider) and (node.enroll_open or not node.reported):
+                # The BMC says the power is on; the machine is ours once its agent enrolled
+                # and reported (the install must run it with the cluster's enroll token).
+                await self._wait_for_agent(node, instance)
+                return
             await self._mark_provisioned(cluster, node, instance)
         elif instance.state is InstanceState.FAILED:
             await provider.terminate(instance.instance_id)
@@ -208,17 +222,17 @@ class ProvisioningLoop(LoopService):
         self, cluster: ClusterRow, node: _NodeView, provider: Provider
     ) -> None:
         token = generate_token(NODE_TOKEN_PREFIX)
+        enrolls = takes_no_user_data(cluster.provider)
+        user_data = {"gpufleet_url": self.server_url(), "gpufleet_scheduler": cluster.scheduler}
+        if not enrolls:
+            user_data["gpufleet_node_token"] = token
         request = ProvisionRequest(
             client_token=f"{node.id}/{node.attempts}",
             cluster_id=cluster.id,
             node_name=node.name,
             gpu_model=cluster.gpu_model,
             gpu_count=cluster.gpus_per_node,
-            user_data={
-                "gpufleet_url": self.server_url(),
-                "gpufleet_node_token": token,
-                "gpufleet_scheduler": cluster.scheduler,
-            },
+            user_data=user_data,
         )
         try:
             instance = await provider.provision(request)
@@ -241,8 +255,11 @@ class ProvisioningLoop(LoopService):
                 return
             row = applied.row
             row.provider_instance_id = instance.instance_id
-            row.token_hash = hash_token(token)
             row.provision_requested_at = applied.now
+            if enrolls:
+                open_enrollment(row, now=applied.now)  # its agent enrolls for its token
+            else:
+                row.token_hash = hash_token(token)
             row.updated_at = applied.now
             record_event(
                 applied.session,
@@ -255,6 +272,33 @@ class ProvisioningLoop(LoopService):
                 actor=ACTOR,
                 data={"instance_id": instance.instance_id, "attempt": node.attempts + 1},
             )
+
+    async def _wait_for_agent(self, node: _NodeView, instance: Instance) -> None:
+        """Show why a bare-metal node still provisions: its host is claimed and powered,
+        and its agent has not enrolled (or not reported since). No timeout replaces the
+        machine: an install takes what it takes, and the detail says what is missing."""
+        host = instance.hostname or instance.instance_id
+        if node.enroll_open:
+            detail = (
+                f"waiting for the agent on host {host} to enroll: install it with the "
+                "cluster's enroll token (gpufleet clusters enroll-token)"
+            )
+        else:
+            detail = f"the agent on host {host} enrolled; waiting for its first report"
+        async with guarded_apply(
+            self.db,
+            row_type=NodeRow,
+            row_id=node.id,
+            guard=MachineGuard(instance.instance_id),
+            clock=self.clock,
+        ) as applied:
+            if applied is None or applied.row.state_detail == detail:
+                return
+            row = applied.row
+            row.hostname = row.hostname or instance.hostname
+            row.scheduler_name = row.scheduler_name or instance.hostname or row.name
+            row.state_detail = detail
+            row.updated_at = applied.now
 
     async def _mark_provisioned(
         self, cluster: ClusterRow, node: _NodeView, instance: Instance

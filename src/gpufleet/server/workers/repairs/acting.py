@@ -31,6 +31,7 @@ from gpufleet.providers.base import (
 )
 from gpufleet.server.db.tables import GpuRow, NodeRow
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
+from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
 from gpufleet.server.workers.repairs.context import (
     LoadedRepair,
     RepairContext,
@@ -188,12 +189,17 @@ async def _call(
         if not isinstance(provider, SupportsReprovision):
             raise InvalidInput(f"provider {provider.kind} cannot reprovision machines")
         token = generate_token(NODE_TOKEN_PREFIX)
+        enrolls = takes_no_user_data(loaded.cluster.provider)
         async with ctx.db.transaction() as session:
             node = await session.get(NodeRow, loaded.node.id, with_for_update=True)
             if node is None:
                 return
-            node.token_hash = hash_token(token)  # a fresh install gets a fresh token
-        moved = await provider.reprovision(instance_id, user_data=_user_data(ctx, loaded, token))
+            if enrolls:  # the new install's agent enrolls for the node's new token
+                open_enrollment(node, now=ctx.clock.now())
+            else:
+                node.token_hash = hash_token(token)  # a fresh install gets a fresh token
+        user_data = _user_data(ctx, loaded, None if enrolls else token)
+        moved = await provider.reprovision(instance_id, user_data=user_data)
         if moved is not None and moved.instance_id != instance_id:
             await _relaunched(ctx, loaded, moved)
     elif action is RepairAction.RESET_GPU:
@@ -224,12 +230,13 @@ async def _relaunched(ctx: RepairContext, loaded: LoadedRepair, moved: Instance)
     loaded.node.provider_instance_id = moved.instance_id
 
 
-def _user_data(ctx: RepairContext, loaded: LoadedRepair, token: str) -> dict[str, str]:
-    return {
-        "gpufleet_url": ctx.server_url(),
-        "gpufleet_node_token": token,
-        "gpufleet_scheduler": loaded.cluster.scheduler,
-    }
+def _user_data(ctx: RepairContext, loaded: LoadedRepair, token: str | None) -> dict[str, str]:
+    """What a new or reinstalled machine is handed at boot; no token where its provider
+    cannot carry one (bare metal: the agent enrolls instead)."""
+    data = {"gpufleet_url": ctx.server_url(), "gpufleet_scheduler": loaded.cluster.scheduler}
+    if token is not None:
+        data["gpufleet_node_token"] = token
+    return data
 
 
 async def _acted(ctx: RepairContext, loaded: LoadedRepair, reason: str) -> None:
@@ -269,13 +276,14 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
     else:
         token = generate_token(NODE_TOKEN_PREFIX)
         token_hash = hash_token(token)
+        enrolls = takes_no_user_data(loaded.cluster.provider)
         request = ProvisionRequest(
             client_token=f"{loaded.repair.id}/failover",
             cluster_id=loaded.cluster.id,
             node_name=loaded.node.name,
             gpu_model=loaded.cluster.gpu_model,
             gpu_count=loaded.cluster.gpus_per_node,
-            user_data=_user_data(ctx, loaded, token),
+            user_data=_user_data(ctx, loaded, None if enrolls else token),
         )
         try:
             # Idempotent by client token: after a crash before the replacement was
@@ -310,8 +318,15 @@ async def _swap(
         node = tx.node
         old = node.provider_instance_id
         node.provider_instance_id = instance.instance_id
-        node.token_hash = token_hash
+        if takes_no_user_data(loaded.cluster.provider):
+            open_enrollment(node, now=tx.now)  # the spare's agent enrolls as this node
+        else:
+            node.token_hash = token_hash
         node.serial = instance.serial
+        if instance.hostname and node.scheduler_name == node.hostname:
+            # The scheduler knows machines by hostname (Slurm's NodeName): the node's
+            # scheduler name follows it to the new host, as provisioning named it.
+            node.scheduler_name = instance.hostname
         node.hostname = instance.hostname or node.hostname
         node.bmc_address = instance.bmc_address
         node.rack, node.leaf_switch = instance.rack, instance.leaf_switch

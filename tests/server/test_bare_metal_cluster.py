@@ -1,0 +1,334 @@
+"""A cluster whose provider is ``ipmi``: its machines are hosts of the inventory behind real
+BMCs (one OpenIPMI ``ipmi_sim`` per host), its agents enroll with the cluster's enroll
+token, and a sticky fault climbs the ladder reboot → reprovision → failover through the
+BMCs, ending on the spare host with the cluster's size kept.
+
+Stand-in, named as one: ``MachineRoom`` plays the machines behind the BMCs and their
+install. When the server's ipmi driver powers a host on (provisioning, a failover's
+spare), the room boots a simulated machine named as the host and its "install" enrolls
+with the enroll token through the real enroll API, then runs the sim agent with the
+node token it got; when the BMC saw a reset, the machine restarts; a PXE boot plus reset
+reinstalls it (a new disk: it enrolls again); a power off takes it away. Everything the
+server does goes through the real driver, ipmitool and the BMC, and the test checks what
+each BMC saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from inventoryhelpers import KEY_A, import_hosts, put_credential
+
+from gpufleet.client.agent import enroll
+from gpufleet.client.errors import ApiError
+from gpufleet.core.agent_protocol import EnrollRequest
+from gpufleet.providers.base import Instance, ProvisionRequest
+from gpufleet.providers.ipmi.driver import IpmiProvider
+from gpufleet.providers.sim.driver import SimProvider
+from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, BootPlan, SimInstanceSpec
+from gpufleet.testing.fleet import SimFleet, sim_app
+from providers.ipmi.ipmi_lab import BMC_PASSWORD, BMC_USER, IpmiSim, require_tools
+
+HOSTS = ("gpu-a", "gpu-b", "gpu-c")  # two members and one spare
+SETTINGS: dict[str, Any] = {"secret_key": KEY_A, "ipmi_cipher_suite": 3}
+SERVER_URL = "http://gpufleet.test"
+BOOT_AT_ONCE = BootPlan((0.0, 0.0))
+
+
+@pytest.fixture(scope="module")
+def bmcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, IpmiSim]]:
+    """One BMC per host, so each host's power and resets are its own."""
+    require_tools()  # fails loudly without ipmi_sim or ipmitool
+    started: dict[str, IpmiSim] = {}
+    try:
+        for name in HOSTS:
+            bmc = IpmiSim(tmp_path_factory.mktemp(name))
+            bmc.start()
+            started[name] = bmc
+        yield started
+    finally:
+        for bmc in started.values():
+            bmc.stop()
+
+
+@dataclasses.dataclass
+class _Machine:
+    sim_id: str
+    client_token: str
+    enrolled: bool = False
+
+
+class MachineRoom:
+    """The stand-in for the machines behind the BMCs and their install (module doc)."""
+
+    def __init__(self, fleet: SimFleet, bmcs: dict[str, IpmiSim], http: httpx.AsyncClient):
+        self.fleet = fleet
+        self.bmcs = bmcs
+        self.http = http
+        self.enroll_token = ""
+        self.hostnames: dict[str, str] = {}  # host id -> hostname
+        self.machines: dict[str, _Machine] = {}  # hostname -> its machine now
+        self.enrollments: list[str] = []  # hostnames, in order
+        self.refusals: list[str] = []
+        provider = fleet.app.ctx.drivers.provider("ipmi")
+        assert isinstance(provider, IpmiProvider)
+        sim = fleet.app.ctx.drivers.provider("sim")
+        assert isinstance(sim, SimProvider)
+        self.driver, self.sim = provider, sim
+        self._wrap()
+
+    # -- what the BMC saw becomes what the machine does ----------------------------------
+
+    def _wrap(self) -> None:
+        driver = self.driver
+        provision, reboot = driver.provision, driver.reboot
+        reprovision, terminate = driver.reprovision, driver.terminate
+
+        async def on_provision(request: ProvisionRequest) -> Instance:
+            instance = await provision(request)
+            self.hostnames[instance.instance_id] = str(instance.hostname)
+            await self._power_on(str(instance.hostname), request)
+            return instance
+
+        async def on_reboot(instance_id: str) -> None:
+            name = self.hostnames[instance_id]
+            mark = self.bmcs[name].mark()
+            await reboot(instance_id)
+            if "reset 1" in self.bmcs[name].transitions_since(mark):
+                await self.sim.reboot(self.machines[name].sim_id)
+
+        async def on_reprovision(instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
+            name = self.hostnames[instance_id]
+            mark = self.bmcs[name].mark()
+            moved = await reprovision(instance_id, user_data=user_data)
+            seen = self.bmcs[name].transitions_since(mark)
+            if "boot pxe" in seen and "reset 1" in seen:
+                machine = self.machines[name]
+                # A new disk: the install runs again, without the old node token.
+                await self.sim.reprovision(machine.sim_id, user_data=self._user_data(None))
+                machine.enrolled = False
+            return moved
+
+        async def on_terminate(instance_id: str) -> None:
+            name = self.hostnames.get(instance_id)
+            await terminate(instance_id)
+            if name is not None and self.bmcs[name].transitions()[-1:] == ["power 0"]:
+                machine = self.machines.pop(name, None)
+                if machine is not None:
+                    await self.sim.terminate(machine.sim_id)
+
+        driver.provision = on_provision  # type: ignore[method-assign]
+        driver.reboot = on_reboot  # type: ignore[method-assign]
+        driver.reprovision = on_reprovision  # type: ignore[method-assign]
+        driver.terminate = on_terminate  # type: ignore[method-assign]
+
+    async def _power_on(self, hostname: str, request: ProvisionRequest) -> None:
+        if hostname in self.machines:
+            return
+        spec = SimInstanceSpec(
+            client_token=f"room/{hostname}",
+            cluster_id=request.cluster_id,
+            node_name=hostname,  # the sim machine's hostname: what its agent reports
+            gpu_model=request.gpu_model,
+            gpu_count=request.gpu_count,
+            user_data=self._user_data(None),
+        )
+        machine = await asyncio.to_thread(self.sim.world.provision, spec, plan=BOOT_AT_ONCE)
+        self.machines[hostname] = _Machine(machine.instance_id, spec.client_token)
+
+    def _user_data(self, token: str | None) -> dict[str, str]:
+        data = {USER_DATA_URL: SERVER_URL, "gpufleet_scheduler": "sim"}
+        if token is not None:
+            data[USER_DATA_TOKEN] = token
+        return data
+
+    # -- the install: enroll, then run the agent with the node token ---------------------
+
+    async def run_once(self) -> None:
+        if not self.enroll_token:
+            return  # the install has no token yet
+        for hostname, machine in self.machines.items():
+            if machine.enrolled:
+                continue
+            try:
+                ack = await enroll(
+                    self.http,
+                    base_url=SERVER_URL,
+                    enroll_token=self.enroll_token,
+                    request=EnrollRequest(hostname=hostname),
+                )
+            except ApiError as exc:
+                assert exc.status == 409, exc.message  # not claimed yet: try again
+                self.refusals.append(exc.message)
+                continue
+            current = self.sim.world.get_instance(machine.sim_id)
+            assert current is not None
+            spec = SimInstanceSpec(
+                client_token=machine.client_token,
+                cluster_id=current.cluster_id,
+                node_name=hostname,
+                gpu_model=current.gpu_model,
+                gpu_count=len(current.gpus),
+                user_data=self._user_data(ack.node_token),
+            )
+            await asyncio.to_thread(self.sim.world.provision, spec, plan=BOOT_AT_ONCE)
+            machine.enrolled = True
+            self.enrollments.append(hostname)
+
+    def sim_id(self, hostname: str) -> str:
+        return self.machines[hostname].sim_id
+
+
+async def _metal_cluster(fleet: SimFleet, bmcs: dict[str, IpmiSim]) -> dict[str, Any]:
+    client = fleet.app.client
+    stored = await put_credential(client, "bmc", secret=BMC_PASSWORD, username=BMC_USER)
+    assert stored.status_code == 200, stored.text
+    created = await client.post(
+        "/api/v1/clusters",
+        json={
+            "project": "ml",
+            "name": "metal",
+            "size": 2,
+            "gpus_per_node": 8,
+            "provider": "ipmi",
+            "acceptance_tests": False,
+        },
+    )
+    assert created.status_code == 201, created.text
+    rows = [
+        {
+            "hostname": name,
+            "bmc_type": "ipmi",
+            "bmc_address": "127.0.0.1",
+            "port": bmc.port,
+            "credential": "bmc",
+            "cluster": "metal",
+            "serial": f"SN-{name}",
+            "rack": "r1",
+            "role": "spare" if name == "gpu-c" else "member",
+        }
+        for name, bmc in bmcs.items()
+    ]
+    imported = await import_hosts(client, rows)
+    assert imported.status_code == 200, imported.text
+    cluster: dict[str, Any] = created.json()
+    return cluster
+
+
+async def _issue_enroll_token(fleet: SimFleet, cluster_id: str) -> str:
+    issued = await fleet.app.client.post(
+        f"/api/v1/clusters/{cluster_id}/enroll-token", json={"ttl_s": 3600}
+    )
+    assert issued.status_code == 201, issued.text
+    token = str(issued.json()["token"])
+    assert token.startswith("gpfe_")
+    return token
+
+
+async def _nodes(fleet: SimFleet, cluster_id: str) -> dict[str, dict[str, Any]]:
+    return await fleet.nodes_of(cluster_id)
+
+
+async def _ended(fleet: SimFleet, repair_id: str) -> dict[str, Any] | None:
+    repair = await fleet.repair(repair_id)
+    return repair if repair["status"] in ("succeeded", "failed") else None
+
+
+async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_through_its_bmcs(
+    database_url: str, tmp_path: Path, bmcs: dict[str, IpmiSim]
+) -> None:
+    async with (
+        sim_app(database_url, tmp_path, **SETTINGS) as fleet,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
+    ):
+        room = MachineRoom(fleet, bmcs, http)
+        fleet.loops.insert(0, room)  # type: ignore[arg-type]
+        for bmc in bmcs.values():
+            bmc.set_power(True)  # every machine on, whatever an earlier test left
+        marks = {name: bmc.mark() for name, bmc in bmcs.items()}
+        cluster = await _metal_cluster(fleet, bmcs)
+        cid = cluster["id"]
+
+        # Claimed and powered, but no agent yet: the nodes wait, and say what for.
+        await fleet.tick()
+        await fleet.tick()
+        waiting = await _nodes(fleet, cid)
+        assert {n["state"] for n in waiting.values()} == {"provisioning"}, waiting
+        assert all("enroll token" in n["state_detail"] for n in waiting.values()), waiting
+        assert sorted(room.machines) == ["gpu-a", "gpu-b"]  # members first; the spare waits
+
+        room.enroll_token = await _issue_enroll_token(fleet, cid)
+        await fleet.until(
+            lambda: fleet.status_is(cid, "ready"), ticks=20, what="the metal cluster ready"
+        )
+        nodes = await _nodes(fleet, cid)
+        assert {n["hostname"] for n in nodes.values()} == {"gpu-a", "gpu-b"}
+        assert sorted(room.enrollments) == ["gpu-a", "gpu-b"]
+        enrolled = await fleet.events(cid, "node.enrolled")
+        assert len(enrolled) == 2
+        assert all(room.enroll_token not in str(e) for e in enrolled)
+        # An enrolled node cannot be taken over by another machine with the same token.
+        with pytest.raises(ApiError) as again:
+            await enroll(
+                http, base_url=SERVER_URL, enroll_token=room.enroll_token,
+                request=EnrollRequest(hostname="gpu-a"),
+            )  # fmt: skip
+        assert again.value.status == 409 and "already enrolled" in again.value.message
+        assert all(bmc.transitions_since(marks[n]) == [] for n, bmc in bmcs.items())  # all on
+
+        # Broken hardware on gpu-a: the fault comes back after every reboot and reinstall.
+        node = next(n for n in nodes.values() if n["hostname"] == "gpu-a")
+        fleet.nodes = nodes
+        fleet.world.inject_fault(room.sim_id("gpu-a"), signature_id="sxid-fatal", sticky=True)
+        seen: dict[str, list[str]] = {}
+        for expected in ("reboot", "reprovision", "failover"):
+            repair = await fleet.until(
+                lambda: fleet.proposed_for(node["id"]), ticks=30, what=f"{expected} proposal"
+            )
+            assert repair["action"] == expected, repair["rule"]
+            mark = {name: bmc.mark() for name, bmc in bmcs.items()}
+            repair_id = str(repair["id"])
+            approved = await fleet.app.client.post(
+                f"/api/v1/repairs/{repair_id}/approve", json={"reason": "NVSwitch fatal"}
+            )
+            assert approved.status_code == 200, approved.text
+            done = await fleet.until(
+                functools.partial(_ended, fleet, repair_id),
+                ticks=80,
+                seconds=5,
+                what=f"{expected} end",
+            )
+            seen[expected] = [
+                f"{name}: {t}"
+                for name, bmc in bmcs.items()
+                for t in bmc.transitions_since(mark[name])
+            ]
+            if expected == "failover":
+                assert done["status"] == "succeeded", done
+            else:
+                assert done["status"] == "failed" and "seen again" in done["detail"], done
+
+        # What each BMC saw: a reset; a PXE boot and a reset; the spare on, gpu-a off.
+        assert "gpu-a: reset 1" in seen["reboot"], seen
+        assert {"gpu-a: boot pxe", "gpu-a: reset 1"} <= set(seen["reprovision"]), seen
+        assert "gpu-a: power 0" in seen["failover"], seen
+        assert not any(t.startswith("gpu-b") for ts in seen.values() for t in ts), seen
+        # gpu-a enrolled again after its reinstall; gpu-c as the node it took over.
+        assert room.enrollments[2:] == ["gpu-a", "gpu-c"], room.enrollments
+
+        after = await fleet.node(node["id"])
+        assert after["state"] == "in_service", after
+        assert after["hostname"] == "gpu-c" and after["serial"] != node["serial"]
+        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        assert hosts["gpu-a"]["state"] == "out_of_service"  # flagged for hardware service
+        assert hosts["gpu-c"]["state"] == "in_service" and hosts["gpu-c"]["node_id"] == node["id"]
+        assert (await fleet.status_is(cid, "ready")) is not None  # size kept
+        other = next(n for n in nodes.values() if n["hostname"] == "gpu-b")
+        assert (await fleet.node(other["id"]))["state"] == "in_service"
