@@ -18,13 +18,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from apihelpers import error_of
 from inventoryhelpers import KEY_A, import_hosts, put_credential
+from sqlalchemy import select
 
 from gpufleet.client.agent import enroll
 from gpufleet.client.errors import ApiError
@@ -32,6 +35,7 @@ from gpufleet.core.agent_protocol import EnrollRequest
 from gpufleet.providers.base import Instance, ProvisionRequest
 from gpufleet.providers.ipmi.driver import IpmiProvider
 from gpufleet.providers.sim.driver import SimProvider
+from gpufleet.server.db.tables import AuditLogRow, EventRow
 from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, BootPlan, SimInstanceSpec
 from gpufleet.testing.fleet import SimFleet, sim_app
 from providers.ipmi.ipmi_lab import BMC_PASSWORD, BMC_USER, IpmiSim, require_tools
@@ -332,3 +336,98 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         assert (await fleet.status_is(cid, "ready")) is not None  # size kept
         other = next(n for n in nodes.values() if n["hostname"] == "gpu-b")
         assert (await fleet.node(other["id"]))["state"] == "in_service"
+
+
+async def _enroll(http: httpx.AsyncClient, token: str, hostname: str) -> httpx.Response:
+    return await http.post(
+        f"{SERVER_URL}/api/v1/agent/enroll",
+        json={"hostname": hostname},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+async def test_what_an_enroll_token_can_and_cannot_do(
+    database_url: str,
+    tmp_path: Path,
+    bmcs: dict[str, IpmiSim],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with (
+        sim_app(database_url, tmp_path, **SETTINGS) as fleet,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
+    ):
+        for bmc in bmcs.values():
+            bmc.set_power(True)
+        cid = (await _metal_cluster(fleet, bmcs))["id"]
+        await fleet.tick()  # gpu-a and gpu-b claimed and powered
+        client = fleet.app.client
+
+        # No token yet; a node token or an API token is not an enroll token.
+        assert (await _enroll(http, "gpfe_" + "x" * 40, "gpu-a")).status_code == 401
+        assert (await _enroll(http, "gpfn_" + "x" * 40, "gpu-a")).status_code == 401
+        first = await _issue_enroll_token(fleet, cid)
+        token = await _issue_enroll_token(fleet, cid)
+        replaced = await _enroll(http, first, "gpu-a")
+        assert replaced.status_code == 401, replaced.text  # a newer token replaced it
+
+        unknown = await _enroll(http, token, "gpu-z")
+        assert unknown.status_code == 404 and "gpu-z" in error_of(unknown)["message"]
+        spare = await _enroll(http, token, "gpu-c")  # in the pool: no node runs on it
+        assert spare.status_code == 409 and "runs no node" in error_of(spare)["message"]
+        bad = await _enroll(http, token, "")
+        assert bad.status_code == 422
+
+        enrolled = await _enroll(http, token, "gpu-a")
+        assert enrolled.status_code == 201, enrolled.text
+        node_token = enrolled.json()["node_token"]
+        assert node_token.startswith("gpfn_")
+        again = await _enroll(http, token, "gpu-a")
+        assert again.status_code == 409 and "already enrolled" in error_of(again)["message"]
+        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        assert hosts["gpu-a"]["node_id"] == enrolled.json()["node_id"]
+
+        # Expired: one second past its time to live.
+        fleet.clock.advance(3601)
+        late = await _enroll(http, token, "gpu-b")
+        assert late.status_code == 401 and "expired" in error_of(late)["message"]
+
+        # Who may make one: a never-expiring admin credential, for a bare-metal cluster.
+        sim = await client.post(
+            "/api/v1/clusters",
+            json={"project": "ml", "name": "cloudy", "size": 1, "acceptance_tests": False},
+        )
+        assert sim.status_code == 201, sim.text
+        refused = await client.post(f"/api/v1/clusters/{sim.json()['id']}/enroll-token", json={})
+        assert refused.status_code == 422 and "do not enroll" in error_of(refused)["message"]
+        too_long = await client.post(
+            f"/api/v1/clusters/{cid}/enroll-token", json={"ttl_s": 31 * 86400}
+        )
+        assert too_long.status_code == 422
+        assert (await client.post("/api/v1/users", json={"name": "ada"})).status_code == 201
+        added = await client.post(
+            "/api/v1/projects/ml/members", json={"user": "ada", "role": "admin"}
+        )
+        assert added.status_code == 201, added.text
+        expiring = await client.post(
+            "/api/v1/tokens",
+            json={"name": "t", "user": "ada", "project": "ml", "expires_in_days": 1},
+        )
+        assert expiring.status_code == 201, expiring.text
+        async with fleet.app.with_token(expiring.json()["token"]) as short:
+            outlives = await short.post(f"/api/v1/clusters/{cid}/enroll-token", json={})
+        assert outlives.status_code == 403 and "outlives" in error_of(outlives)["message"]
+
+        # Neither token is in any answer but its own, an event, an audit row or a log line.
+        async with fleet.app.ctx.db.session() as session:
+            events = (await session.scalars(select(EventRow))).all()
+            audits = (await session.scalars(select(AuditLogRow))).all()
+        assert [a.action for a in audits if a.action == "node.enroll"] == ["node.enroll"]
+        texts = [
+            caplog.text,
+            (await client.get(f"/api/v1/clusters/{cid}")).text,
+            *(f"{e.message} {e.data}" for e in events),
+            *(f"{a.detail}" for a in audits),
+        ]
+        for secret in (first, token, node_token):
+            assert not [t for t in texts if secret in t or secret[5:] in t]

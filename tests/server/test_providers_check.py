@@ -17,7 +17,6 @@ from apihelpers import create_cluster, create_project, error_of
 from inventoryhelpers import import_hosts, keyed_app, put_credential
 from sqlalchemy import select
 
-from gpufleet.core.enums import ProviderKind
 from gpufleet.server.db.tables import AuditLogRow, EventRow
 from gpufleet.testing.app import RunningApp
 from providers.peers import PeerHost, ipmi_peer, redfish_peer, ssh_peer, unreachable_redfish_row
@@ -159,14 +158,14 @@ async def test_what_the_check_refuses(
         empty = await create_cluster(app.client, name="empty", size=1)
         none = await _check(app.client, empty["id"], provider="ssh")
         assert none.status_code == 200 and none.json()["hosts"] == []
-        # Bare-metal kinds cannot create a cluster: no node token can reach their machines.
-        for kind in (ProviderKind.IPMI, ProviderKind.REDFISH, ProviderKind.SSH):
-            refused = await app.client.post(
-                "/api/v1/clusters",
-                json={"project": "ml", "name": f"bm-{kind.value}", "size": 1, "provider": kind},
-            )
-            assert refused.status_code == 422, refused.text
-            assert "providers check" in error_of(refused)["message"]
+        # A bare-metal cluster is checked as its own provider (its agents enroll).
+        metal = await app.client.post(
+            "/api/v1/clusters",
+            json={"project": "ml", "name": "bm-ipmi", "size": 1, "provider": "ipmi"},
+        )
+        assert metal.status_code == 201, metal.text
+        own = await _check(app.client, metal.json()["id"])
+        assert own.status_code == 200 and own.json()["provider"] == "ipmi", own.text
 
 
 async def _rows(app: RunningApp) -> tuple[int, list[AuditLogRow]]:

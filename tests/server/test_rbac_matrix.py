@@ -144,6 +144,14 @@ async def _fresh_node(w: World) -> dict[str, str]:
     return {"node_id": response.json()["items"][0]["id"]}
 
 
+async def _fresh_metal_cluster(w: World) -> dict[str, str]:
+    # A bare-metal cluster: only those take an enroll token (a sim one answers 422).
+    body = {"project": "pa", "name": unique("m"), "size": 1, "provider": "ipmi"}
+    created = await w.app.client.post("/api/v1/clusters", json=body)
+    assert created.status_code == 201, created.text
+    return {"cluster_id": str(created.json()["id"])}
+
+
 async def _fresh_credential(w: World) -> dict[str, str]:
     return {"credential_ref": await w.new_credential(w.a)}
 
@@ -220,6 +228,9 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ),
     ("POST", "/api/v1/nodes/{node_id}/token"): Rule(
         P.HOST_MANAGE, fresh=_fresh_node, outlives_expiring=True
+    ),
+    ("POST", "/api/v1/clusters/{cluster_id}/enroll-token"): Rule(
+        P.HOST_MANAGE, body=lambda _w, _v: {}, fresh=_fresh_metal_cluster, outlives_expiring=True
     ),
     ("GET", "/api/v1/nodes/{node_id}/commands"): Rule(P.NODE_READ),
     ("GET", "/api/v1/nodes/{node_id}/commands/{command_id}"): Rule(P.NODE_READ),
@@ -326,6 +337,9 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/v1/agent/commands"): Rule(AGENT, query=lambda _w, _v: {"boot_id": "boot-1"}),
     ("POST", "/api/v1/agent/commands/{command_id}/result"): Rule(AGENT, body=_command_result),
     ("GET", "/api/v1/agent/access"): Rule(AGENT),
+    # Enrollment takes a cluster's enroll token, not a user's or a node's credential:
+    # every caller here gets the same 401 (tests/server/test_bare_metal_cluster.py).
+    ("POST", "/api/v1/agent/enroll"): Rule(PUBLIC, body=lambda _w, _v: {"hostname": "gpu-x"}),
 }
 
 
