@@ -21,7 +21,7 @@ import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
@@ -33,12 +33,18 @@ from gpufleet.client.agent import enroll
 from gpufleet.client.errors import ApiError
 from gpufleet.core.agent_protocol import EnrollRequest
 from gpufleet.providers.base import Instance, ProvisionRequest
-from gpufleet.providers.ipmi.driver import IpmiProvider
+from gpufleet.providers.redfish.config import RedfishConfig
+from gpufleet.providers.redfish.driver import RedfishProvider
 from gpufleet.providers.sim.driver import SimProvider
+from gpufleet.providers.ssh.config import SshConfig
+from gpufleet.providers.ssh.driver import SshProvider
 from gpufleet.server.db.tables import AuditLogRow, EventRow
+from gpufleet.server.services.host_directory import DbHostDirectory
 from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, BootPlan, SimInstanceSpec
 from gpufleet.testing.fleet import SimFleet, sim_app
 from providers.ipmi.ipmi_lab import BMC_PASSWORD, BMC_USER, IpmiSim, require_tools
+from providers.peers import PeerHost, redfish_peer, ssh_peer
+from providers.redfish.redfish_fakes import SYSTEMS
 
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")  # two members and one spare
 SETTINGS: dict[str, Any] = {"secret_key": KEY_A, "ipmi_cipher_suite": 3}
@@ -69,51 +75,104 @@ class _Machine:
     enrolled: bool = False
 
 
-class MachineRoom:
-    """The stand-in for the machines behind the BMCs and their install (module doc)."""
+class PeerView(Protocol):
+    """What a peer saw of one host since a mark: its power transitions and resets."""
 
-    def __init__(self, fleet: SimFleet, bmcs: dict[str, IpmiSim], http: httpx.AsyncClient):
+    def mark(self) -> Any: ...
+
+    def seen(self, hostname: str, mark: Any) -> list[str]: ...
+
+
+@dataclasses.dataclass
+class IpmiView:
+    bmcs: dict[str, IpmiSim]  # one BMC per host: "power 0", "reset 1", "boot pxe"
+
+    def mark(self) -> dict[str, int]:
+        return {name: bmc.mark() for name, bmc in self.bmcs.items()}
+
+    def seen(self, hostname: str, mark: dict[str, int]) -> list[str]:
+        return self.bmcs[hostname].transitions_since(mark[hostname])
+
+
+@dataclasses.dataclass
+class RedfishView:
+    journal: Path  # the emulator's: "<system uuid> reset GracefulRestart", "<uuid> power Off"
+    systems: dict[str, str]  # hostname -> its system's uuid
+
+    def _lines(self) -> list[str]:
+        return self.journal.read_text().splitlines() if self.journal.exists() else []
+
+    def mark(self) -> int:
+        return len(self._lines())
+
+    def seen(self, hostname: str, mark: int) -> list[str]:
+        uuid = self.systems[hostname]
+        return [line.split(" ", 1)[1] for line in self._lines()[mark:] if line.startswith(uuid)]
+
+
+@dataclasses.dataclass
+class SshView:
+    log: Path  # the reboot command's own log on the sshd side: "reboot by <user>"
+
+    def _lines(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+    def mark(self) -> int:
+        return len(self._lines())
+
+    def seen(self, hostname: str, mark: int) -> list[str]:
+        # One sshd stands for every host; the driver's calls come one at a time.
+        return ["reset (reboot command)" for _ in self._lines()[mark:]]
+
+
+def _restarted(seen: list[str]) -> bool:
+    return any(t.startswith("reset") for t in seen)
+
+
+class MachineRoom:
+    """The stand-in for the machines behind the peer and their install (module doc)."""
+
+    def __init__(self, fleet: SimFleet, kind: str, view: PeerView, http: httpx.AsyncClient) -> None:
         self.fleet = fleet
-        self.bmcs = bmcs
+        self.view = view
         self.http = http
         self.enroll_token = ""
         self.hostnames: dict[str, str] = {}  # host id -> hostname
         self.machines: dict[str, _Machine] = {}  # hostname -> its machine now
         self.enrollments: list[str] = []  # hostnames, in order
         self.refusals: list[str] = []
-        provider = fleet.app.ctx.drivers.provider("ipmi")
-        assert isinstance(provider, IpmiProvider)
         sim = fleet.app.ctx.drivers.provider("sim")
         assert isinstance(sim, SimProvider)
-        self.driver, self.sim = provider, sim
+        self.driver, self.sim = fleet.app.ctx.drivers.provider(kind), sim
         self._wrap()
 
-    # -- what the BMC saw becomes what the machine does ----------------------------------
+    # -- what the peer saw becomes what the machine does ---------------------------------
 
     def _wrap(self) -> None:
-        driver = self.driver
+        driver: Any = self.driver
         provision, reboot = driver.provision, driver.reboot
-        reprovision, terminate = driver.reprovision, driver.terminate
+        reprovision, terminate = getattr(driver, "reprovision", None), driver.terminate
 
         async def on_provision(request: ProvisionRequest) -> Instance:
-            instance = await provision(request)
+            instance: Instance = await provision(request)
             self.hostnames[instance.instance_id] = str(instance.hostname)
             await self._power_on(str(instance.hostname), request)
             return instance
 
         async def on_reboot(instance_id: str) -> None:
             name = self.hostnames[instance_id]
-            mark = self.bmcs[name].mark()
+            mark = self.view.mark()
             await reboot(instance_id)
-            if "reset 1" in self.bmcs[name].transitions_since(mark):
+            if _restarted(self.view.seen(name, mark)):
                 await self.sim.reboot(self.machines[name].sim_id)
 
         async def on_reprovision(instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
+            assert reprovision is not None
             name = self.hostnames[instance_id]
-            mark = self.bmcs[name].mark()
-            moved = await reprovision(instance_id, user_data=user_data)
-            seen = self.bmcs[name].transitions_since(mark)
-            if "boot pxe" in seen and "reset 1" in seen:
+            mark = self.view.mark()
+            moved: Instance | None = await reprovision(instance_id, user_data=user_data)
+            seen = self.view.seen(name, mark)
+            if "boot pxe" in seen and _restarted(seen):
                 machine = self.machines[name]
                 # A new disk: the install runs again, without the old node token.
                 await self.sim.reprovision(machine.sim_id, user_data=self._user_data(None))
@@ -122,16 +181,18 @@ class MachineRoom:
 
         async def on_terminate(instance_id: str) -> None:
             name = self.hostnames.get(instance_id)
+            mark = self.view.mark()
             await terminate(instance_id)
-            if name is not None and self.bmcs[name].transitions()[-1:] == ["power 0"]:
+            if name is not None and set(self.view.seen(name, mark)) & {"power 0", "power Off"}:
                 machine = self.machines.pop(name, None)
                 if machine is not None:
                     await self.sim.terminate(machine.sim_id)
 
-        driver.provision = on_provision  # type: ignore[method-assign]
-        driver.reboot = on_reboot  # type: ignore[method-assign]
-        driver.reprovision = on_reprovision  # type: ignore[method-assign]
-        driver.terminate = on_terminate  # type: ignore[method-assign]
+        driver.provision = on_provision
+        driver.reboot = on_reboot
+        if reprovision is not None:
+            driver.reprovision = on_reprovision
+        driver.terminate = on_terminate
 
     async def _power_on(self, hostname: str, request: ProvisionRequest) -> None:
         if hostname in self.machines:
@@ -252,7 +313,7 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         sim_app(database_url, tmp_path, **SETTINGS) as fleet,
         httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
     ):
-        room = MachineRoom(fleet, bmcs, http)
+        room = MachineRoom(fleet, "ipmi", IpmiView(bmcs), http)
         fleet.loops.insert(0, room)  # type: ignore[arg-type]
         for bmc in bmcs.values():
             bmc.set_power(True)  # every machine on, whatever an earlier test left
@@ -336,6 +397,126 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         assert (await fleet.status_is(cid, "ready")) is not None  # size kept
         other = next(n for n in nodes.values() if n["hostname"] == "gpu-b")
         assert (await fleet.node(other["id"]))["state"] == "in_service"
+
+        # The last rung, by hand: remove gpu-b. Drained, powered off at its BMC, flagged.
+        mark = {name: bmc.mark() for name, bmc in bmcs.items()}
+        removal = await fleet.app.client.post(
+            f"/api/v1/nodes/{other['id']}/actions",
+            json={"action": "remove", "reason": "PSU fault light"},
+        )
+        assert removal.status_code == 200, removal.text
+        removed_id = str(removal.json()["repair"]["id"])
+        done = await fleet.until(
+            functools.partial(_ended, fleet, removed_id), ticks=40, seconds=5, what="removal"
+        )
+        assert done["status"] == "succeeded", done
+        assert bmcs["gpu-b"].transitions_since(mark["gpu-b"]) == ["power 0"]
+        assert (await fleet.node(other["id"]))["state"] == "removed"
+        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        assert hosts["gpu-b"]["state"] == "out_of_service" and hosts["gpu-b"]["node_id"] is None
+        assert (await fleet.node(node["id"]))["state"] == "in_service"  # gpu-c untouched
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerHost]:
+    with redfish_peer(tmp_path_factory.mktemp("redfish")) as peer:
+        yield peer
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerHost]:
+    with ssh_peer(tmp_path_factory.mktemp("sshd")) as peer:
+        yield peer
+
+
+def _redfish_through(fleet: SimFleet, peer: PeerHost) -> PeerView:
+    """The server's redfish driver over its own host directory, polling power quickly."""
+    config = RedfishConfig(
+        scheme="http", request_timeout_s=2.0, retries=1, backoff_s=0.01, power_poll_s=0.05
+    )
+    ctx = fleet.app.ctx
+    directory = DbHostDirectory(db=ctx.db, keyring=ctx.keyring, clock=ctx.clock)
+    ctx.drivers.providers["redfish"] = RedfishProvider(config, directory)
+    emulator = peer.peer
+    uuid = next(iter(SYSTEMS))  # redfish_peer's one system
+    return RedfishView(journal=emulator.journal, systems={"gpu-r1": uuid})
+
+
+def _ssh_through(fleet: SimFleet, tmp_path: Path) -> PeerView:
+    """The server's ssh driver over its own host directory, with a reboot command that
+    writes its line on the sshd side (a test user cannot reboot the machine)."""
+    log = tmp_path / "reboots.log"
+    script = tmp_path / "reboot.sh"
+    script.write_text(f'#!/bin/sh\necho "reboot by $(id -un)" >> {log}\n')
+    script.chmod(0o755)
+    config = dataclasses.replace(
+        SshConfig(),
+        reboot_command=str(script),
+        connect_timeout_s=5.0,
+        attempts=2,
+        retry_backoff_s=0.05,
+        retry_backoff_max_s=0.1,
+        reboot_delay_s=0.1,
+        reboot_wait_s=3.0,
+    )
+    ctx = fleet.app.ctx
+    directory = DbHostDirectory(db=ctx.db, keyring=ctx.keyring, clock=ctx.clock)
+    ctx.drivers.providers["ssh"] = SshProvider(config, directory)
+    return SshView(log=log)
+
+
+@pytest.mark.parametrize("kind", ["redfish", "ssh"])
+async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
+    database_url: str, tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    peer: PeerHost = request.getfixturevalue("emulator" if kind == "redfish" else "sshd")
+    hostname = "gpu-r1" if kind == "redfish" else "gpu-s1"
+    async with (
+        sim_app(database_url, tmp_path, **SETTINGS) as fleet,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
+    ):
+        view = _redfish_through(fleet, peer) if kind == "redfish" else _ssh_through(fleet, tmp_path)
+        room = MachineRoom(fleet, kind, view, http)
+        fleet.loops.insert(0, room)  # type: ignore[arg-type]
+        client = fleet.app.client
+        stored = await put_credential(
+            client, peer.credential, secret=peer.secret,
+            kind=peer.credential_kind, username=peer.username,
+        )  # fmt: skip
+        assert stored.status_code == 200, stored.text
+        created = await client.post(
+            "/api/v1/clusters",
+            json={"project": "ml", "name": "metal", "size": 1, "provider": kind,
+                  "acceptance_tests": False},
+        )  # fmt: skip
+        assert created.status_code == 201, created.text
+        cid = created.json()["id"]
+        imported = await import_hosts(client, [peer.row(cluster="metal", hostname=hostname)])
+        assert imported.status_code == 200, imported.text
+        room.enroll_token = await _issue_enroll_token(fleet, cid)
+        await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=20, what="ready")
+        (node,) = (await _nodes(fleet, cid)).values()
+        assert node["hostname"] == hostname and room.enrollments == [hostname]
+        before = node["boot_id"]
+
+        fleet.world.inject_fault(room.sim_id(hostname), signature_id="xid-79")
+        repair = await fleet.until(lambda: fleet.proposed_for(node["id"]), what="proposal")
+        assert repair["action"] == "reboot", repair["rule"]
+        mark = view.mark()
+        repair_id = str(repair["id"])
+        approved = await client.post(
+            f"/api/v1/repairs/{repair_id}/approve", json={"reason": "GPU fell off the bus"}
+        )
+        assert approved.status_code == 200, approved.text
+        done = await fleet.until(
+            functools.partial(_ended, fleet, repair_id), ticks=60, seconds=5, what="reboot"
+        )
+        assert done["status"] == "succeeded", done
+        assert _restarted(view.seen(hostname, mark)), view.seen(hostname, mark)
+        after = await fleet.node(node["id"])
+        assert after["state"] == "in_service" and after["boot_id"] != before, after
+        texts = [str(done), str(after), *(str(e) for e in await fleet.events(cid, "repair.step"))]
+        assert not [t for t in texts if any(secret in t for secret in peer.secrets())]
 
 
 async def _enroll(http: httpx.AsyncClient, token: str, hostname: str) -> httpx.Response:
