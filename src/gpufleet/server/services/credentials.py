@@ -1,7 +1,8 @@
 """Credentials: BMC passwords, SSH private keys and cloud keys, sealed at rest.
 
 Write-only: a secret goes in (create or replace by name) and never comes back out of the
-API. Only ``services/host_directory.py`` opens one, for a driver's call. Events, audit
+API. Only ``services/host_directory.py`` opens one, for a driver's call (a host's
+BMC/SSH credential, or an aws cluster's key). Events, audit
 rows, log lines and error messages name the credential and the key id, never the secret.
 """
 
@@ -199,7 +200,8 @@ async def delete_credential(
 
 
 def open_credential(keyring: Keyring, row: CredentialRow) -> str:
-    """The secret of ``row`` (only the host directory calls this, for a driver)."""
+    """The secret of ``row`` (only ``services/host_directory.py`` calls this, for a
+    driver)."""
     return keyring.open(
         key_id=row.key_id,
         blob=row.ciphertext,
