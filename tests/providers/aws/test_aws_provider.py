@@ -156,6 +156,25 @@ async def test_provision_is_idempotent_by_client_token(aws: Aws, provider: AwsPr
     assert again.node_name == "gpu-1" and again.client_token == "prov-1"
 
 
+async def test_a_launch_followed_by_get_instance_joins_the_group_once(
+    aws: Aws, moto_endpoint: str
+) -> None:
+    # The server follows a launch with get_instance, never a second provision: the
+    # machine joins the group there once it runs. A fresh provider: no machine seen yet.
+    provider = AwsProvider(make_config(moto_endpoint), CREDENTIAL)
+    first = await provider.provision(request(token="follow"))
+    assert first.state is InstanceState.PENDING and first.instance_id not in aws.members()
+    seen = await provider.get_instance(first.instance_id)
+    assert seen is not None and seen.state is InstanceState.RUNNING
+    assert aws.members()[first.instance_id] == "InService"
+    await provider.get_instance(first.instance_id)  # a member: not attached twice
+    assert aws.group()["DesiredCapacity"] == 2 and len(aws.members()) == 2
+    # The group's own machine (no gpufleet tags) is read, never attached or claimed.
+    [own] = set(aws.members()) - {first.instance_id}
+    assert await provider.get_instance(own) is not None
+    assert aws.group()["DesiredCapacity"] == 2
+
+
 async def test_provision_without_a_group_launches_from_the_template(
     aws: Aws, provider: AwsProvider
 ) -> None:
