@@ -1,14 +1,16 @@
-"""The Configuration tab: the cluster's spec, startup scripts, acceptance tests (on, or
-opted out) and autoscaling bounds; admins change them through ``update_cluster``, the
-service behind ``PATCH /api/v1/clusters/{id}``."""
+"""The Configuration tab: the cluster's spec, its provider's configuration (read-only:
+changed through ``PUT /api/v1/clusters/{id}/provider-config`` or the CLI), startup
+scripts, acceptance tests (on, or opted out) and autoscaling bounds; admins change the
+last three through ``update_cluster``, the service behind ``PATCH /api/v1/clusters/{id}``."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
+import gpufleet.server.services.cluster_provider_config as provider_config_services
 import gpufleet.server.services.clusters as clusters_services
-from gpufleet.core.errors import InvalidInput
+from gpufleet.core.errors import Conflict, InvalidInput
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import describe_validation_errors
@@ -41,11 +43,24 @@ async def configuration_tab(
             session, caller=user.caller, cluster_id=page.cluster.id,
             staleness_s=ctx.settings.staleness_s, now=ctx.clock.now(),
         )  # fmt: skip
+        try:
+            provider = await provider_config_services.get_provider_config(
+                session, caller=user.caller, cluster_id=page.cluster.id
+            )
+            provider_error = ""
+        except Conflict as exc:  # a stored configuration that no longer reads: say so
+            provider, provider_error = None, exc.message
+    provider_rows = (
+        [(k, v) for k, v in provider.config.model_dump(mode="json").items()] if provider else []
+    )
     return render_page(
         request,
         "tab_configuration.html",
-        page.context(user, "configuration", cluster=cluster, now=ctx.clock.now()),
-    )
+        page.context(
+            user, "configuration", cluster=cluster, now=ctx.clock.now(),
+            provider_rows=provider_rows, provider_error=provider_error,
+        ),
+    )  # fmt: skip
 
 
 @router.post("/clusters/{cluster_id}/configuration")
