@@ -211,6 +211,10 @@ async def test_a_member_sees_the_configuration_and_cannot_change_it(
         refused = await member.put(_path(cluster_id), json={"config": {**CONFIG, "tags": {}}})
         assert refused.status_code == 403, refused.text
         await assert_only_refusal_written(app, before, refused, audited=True)
+        # The credential it names cannot be deleted while it does.
+        deleted = await app.client.delete("/api/v1/projects/ml/credentials/aws-prod")
+        assert deleted.status_code == 409, deleted.text
+        assert "aws cluster(s) cloud" in error_of(deleted)["message"]
         # Another project's admin does not even see the cluster.
         await create_project(app.client, "other")
         outsider = await member_client(app, "other")
