@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,8 +105,12 @@ async def _in_service(fleet: SimFleet, bootstrap: UserDataBootstrap) -> bool:
 
 
 async def test_an_aws_cluster_is_provisioned_in_moto_and_fails_over(
-    database_url: str, tmp_path: Path, moto: tuple[str, Any, Any]
+    database_url: str,
+    tmp_path: Path,
+    moto: tuple[str, Any, Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="gpufleet")
     endpoint, ec2, asg = moto
     aws = seed(endpoint, ec2, asg, desired=0)
     texts: list[str] = []
@@ -193,3 +198,4 @@ async def test_an_aws_cluster_is_provisioned_in_moto_and_fails_over(
         texts += [json.dumps(events), json.dumps(audit), json.dumps(done)]
     for text in texts:
         assert SECRET_KEY not in text and ACCESS_KEY not in text
+    assert SECRET_KEY not in caplog.text

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from apihelpers import (
     assert_only_refusal_written,
     count_rows,
@@ -20,7 +21,17 @@ from apihelpers import (
 from inventoryhelpers import keyed_app, put_credential
 from sqlalchemy import select
 
-from gpufleet.server.db.tables import AuditLogRow, EventRow
+from gpufleet.core.errors import DriverError
+from gpufleet.providers.base import (
+    Provider,
+    SupportsPower,
+    SupportsReachCheck,
+    SupportsReboot,
+    SupportsReplace,
+    SupportsReprovision,
+)
+from gpufleet.server.db.tables import AuditLogRow, ClusterRow, EventRow
+from gpufleet.server.services.aws_providers import AwsProviders, ClusterAwsProvider
 from gpufleet.testing.app import RunningApp
 
 ACCESS_KEY = "AKIAIOSFODNN7EXAMPLE"
@@ -219,3 +230,46 @@ async def test_a_member_sees_the_configuration_and_cannot_change_it(
         await create_project(app.client, "other")
         outsider = await member_client(app, "other")
         assert (await outsider.get(_path(cluster_id))).status_code == 404
+
+
+async def test_the_server_builds_one_aws_driver_per_cluster_and_rebuilds_it_on_a_new_key(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with keyed_app(database_url, tmp_path) as app:
+        await _setup(app)
+        created = await _create(app)
+        assert created.status_code == 201, created.text
+        async with app.ctx.db.session() as session:
+            row = await session.get(ClusterRow, created.json()["id"])
+        assert row is not None
+        driver = app.ctx.drivers.provider_for(row)
+        assert isinstance(driver, ClusterAwsProvider)
+        for capability in (Provider, SupportsPower, SupportsReboot, SupportsReprovision,
+                           SupportsReplace, SupportsReachCheck):  # fmt: skip
+            assert isinstance(driver, capability)
+        providers = app.ctx.drivers.per_cluster["aws"]
+        assert isinstance(providers, AwsProviders)
+        where = {"cluster_id": row.id, "cluster_name": row.name, "project_id": row.project_id}
+        first = await providers.build(**where, raw=row.provider_config)
+        assert await providers.build(**where, raw=row.provider_config) is first
+        # The key replaced (rotated): the next call builds with the new one.
+        replaced = await put_credential(
+            app.client, "aws-prod", secret=f"{ACCESS_KEY}:{SECRET_KEY}x", kind="aws_key",
+            username=None,
+        )  # fmt: skip
+        assert replaced.status_code == 200, replaced.text
+        second = await providers.build(**where, raw=row.provider_config)
+        assert second is not first
+        # What cannot be built fails the call, naming the cluster and the fix, no secret.
+        errors: list[str] = []
+        with pytest.raises(DriverError, match="cluster cloud: no usable provider config") as e:
+            await providers.build(**where, raw={})
+        errors.append(e.value.message)
+        wrong = await put_credential(app.client, "aws-prod", secret=SECRET_KEY, kind="aws_key",
+                                     username=None)  # fmt: skip
+        assert wrong.status_code == 200, wrong.text
+        with pytest.raises(DriverError, match="not an access key pair") as e:
+            await providers.build(**where, raw=row.provider_config)
+        errors.append(e.value.message)
+        for message in errors:
+            assert SECRET_KEY not in message
