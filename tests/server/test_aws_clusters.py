@@ -68,20 +68,26 @@ class UserDataBootstrap:
 
     async def sync(self) -> None:
         world = self.fleet.world
-        nodes = await self.fleet.nodes_of(self.cluster["id"])
+        # A machine's agent is refused until the server has put its node on it (its token
+        # is the node's from then on): boot it from then, as the node's machine.
+        nodes = {
+            n["provider_instance_id"]: n
+            for n in (await self.fleet.nodes_of(self.cluster["id"])).values()
+        }
         for raw in self.instances():
             instance_id, state = raw["InstanceId"], raw["State"]["Name"]
-            if state == "running" and instance_id not in self.machines:
+            if state == "running" and instance_id in nodes and instance_id not in self.machines:
                 attr = self.aws.ec2.describe_instance_attribute(
                     InstanceId=instance_id, Attribute="userData"
                 )
                 user_data = json.loads(base64.b64decode(attr["UserData"]["Value"]))
                 tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
                 # The machine answers the scheduler under the name the server addresses
-                # the node by: the first instance's hostname (its private DNS name), kept
-                # across a failover (docs/providers-aws.md, "Scheduler names").
-                node = nodes.get(tags["gpufleet:node"], {})
-                name = node.get("scheduler_name") or raw["PrivateDnsName"]
+                # the node by (docs/providers-aws.md, "Scheduler names"); before the
+                # server read the instance, that is its hostname (private DNS name).
+                node = nodes[instance_id]
+                assert node["name"] == tags["gpufleet:node"]
+                name = node["scheduler_name"] or raw["PrivateDnsName"]
                 machine = world.provision(
                     SimInstanceSpec(
                         client_token=f"aws/{instance_id}",
