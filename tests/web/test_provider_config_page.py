@@ -1,12 +1,13 @@
 """The Configuration tab shows the cluster's provider and its configuration, the
-credential by name only (read-only: it changes through the API and the CLI)."""
+credential by name only; an admin changes it there (a JSON object), a member cannot."""
 
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
-from webhelpers import APP_URL, browser, log_in, member_token
+from webhelpers import APP_URL, browser, hidden, log_in, member_token
 
 from gpufleet.testing.app import make_settings, running_app
 
@@ -53,3 +54,37 @@ async def test_the_configuration_tab_shows_the_provider_configuration(
                 assert SECRET_KEY not in html and "AKIAIOSFODNN7EXAMPLE" not in html
             other = await admin.get(f"/clusters/{sim.json()['id']}/configuration")
             assert "Nothing to configure per cluster for sim" in other.text
+
+            # An admin changes it on the page; a bad one is refused naming the field.
+            base = f"/clusters/{created.json()['id']}"
+            page = await admin.get(f"{base}/configuration")
+            assert 'name="provider_config"' in page.text
+            csrf = hidden(page.text, "csrf")
+            changed = {**config, "tags": {"team": "infra"}}
+            saved = await admin.post(
+                f"{base}/provider-config",
+                data={"csrf": csrf, "provider_config": json.dumps(changed), "reason": "infra"},
+            )
+            assert saved.status_code == 303, saved.text
+            shown = (await app.client.get(f"/api/v1{base}/provider-config")).json()
+            assert shown["config"]["tags"] == {"team": "infra"}
+            for text, words in (
+                (json.dumps({**config, "zone": "a"}), "provider_config.zone"),
+                ("{not json", "not valid JSON"),
+                ("[1]", "a JSON object"),
+            ):
+                bad = await admin.post(
+                    f"{base}/provider-config", data={"csrf": csrf, "provider_config": text}
+                )
+                assert bad.status_code == 422, bad.text
+                assert words in bad.text.split('role="alert"')[1][:400]
+            assert (await app.client.get(f"/api/v1{base}/provider-config")).json() == shown
+            # A member sees no form, and a forged one is refused.
+            member_page = await member.get(f"{base}/configuration")
+            assert 'name="provider_config"' not in member_page.text
+            forged = await member.post(
+                f"{base}/provider-config",
+                data={"csrf": hidden(member_page.text, "csrf"),
+                      "provider_config": json.dumps(config)},
+            )  # fmt: skip
+            assert forged.status_code == 403, forged.text

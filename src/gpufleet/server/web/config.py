@@ -1,9 +1,12 @@
-"""The Configuration tab: the cluster's spec, its provider's configuration (read-only:
-changed through ``PUT /api/v1/clusters/{id}/provider-config`` or the CLI), startup
-scripts, acceptance tests (on, or opted out) and autoscaling bounds; admins change the
-last three through ``update_cluster``, the service behind ``PATCH /api/v1/clusters/{id}``."""
+"""The Configuration tab: the cluster's spec, its provider's configuration, startup
+scripts, acceptance tests (on, or opted out) and autoscaling bounds. Admins change the
+provider configuration through ``set_provider_config`` (the service behind ``PUT
+/api/v1/clusters/{id}/provider-config``: a JSON object in a text box), and the rest
+through ``update_cluster``, the service behind ``PATCH /api/v1/clusters/{id}``."""
 
 from __future__ import annotations
+
+import json
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
@@ -50,15 +53,15 @@ async def configuration_tab(
             provider_error = ""
         except Conflict as exc:  # a stored configuration that no longer reads: say so
             provider, provider_error = None, exc.message
-    provider_rows = (
-        [(k, v) for k, v in provider.config.model_dump(mode="json").items()] if provider else []
-    )
+    values = provider.config.model_dump(mode="json") if provider else {}
+    provider_rows = list(values.items())
     return render_page(
         request,
         "tab_configuration.html",
         page.context(
             user, "configuration", cluster=cluster, now=ctx.clock.now(),
             provider_rows=provider_rows, provider_error=provider_error,
+            provider_json=json.dumps(values, indent=2),
         ),
     )  # fmt: skip
 
@@ -93,4 +96,36 @@ async def update_configuration(
         )  # fmt: skip
     response = redirect(back)
     set_flash(response, text=f"Configuration of {page.cluster.name} saved.")
+    return response
+
+
+@router.post("/clusters/{cluster_id}/provider-config")
+async def update_provider_config(
+    cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
+) -> Response:
+    form = await read_form(request, csrf=user.csrf)
+    async with ctx.db.session() as session:
+        page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
+    back = f"/clusters/{page.cluster.id}/configuration"
+    request.state.form_next = back
+    require(user.caller, Permission.CLUSTER_CREATE, page.cluster.project_id)
+    try:
+        raw = json.loads(first(form, "provider_config") or "{}")
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"provider configuration: not valid JSON ({exc.msg}, line {exc.lineno})",
+            field="provider_config",
+        ) from None
+    if not isinstance(raw, dict):
+        raise InvalidInput(
+            'provider configuration: a JSON object, e.g. {"region": "us-east-1", ...}',
+            field="provider_config",
+        )
+    async with ctx.db.transaction() as session:
+        await provider_config_services.set_provider_config(
+            session, caller=user.caller, cluster_id=page.cluster.id, raw=raw,
+            reason=first(form, "reason").strip(), now=ctx.clock.now(),
+        )  # fmt: skip
+    response = redirect(back)
+    set_flash(response, text=f"Provider configuration of {page.cluster.name} saved.")
     return response
