@@ -1,8 +1,8 @@
 """An aws cluster end to end against moto's server mode: created through the API with its
 provider configuration and a stored aws_key, provisioned by the server's own loop (the
 instances appear in moto, tagged and in the Auto Scaling group), its nodes in service,
-then failed over by an approved repair (the old instance terminated in moto, the
-replacement in the group, the node back in service) — and the reach check of its
+then failed over and reprovisioned by approved repairs (the old instance terminated in
+moto, the new one in the group, the node back in service) — and the reach check of its
 instances. On SQLite and PostgreSQL.
 
 moto launches no machine, so a stand-in plays the AMI's bootstrap, and is named as one
@@ -110,7 +110,7 @@ async def _in_service(fleet: SimFleet, bootstrap: UserDataBootstrap) -> bool:
     return len(nodes) == 2 and all(n["state"] == "in_service" for n in nodes.values())
 
 
-async def test_an_aws_cluster_is_provisioned_in_moto_and_fails_over(
+async def test_an_aws_cluster_is_provisioned_in_moto_failed_over_and_reprovisioned(
     database_url: str,
     tmp_path: Path,
     moto: tuple[str, Any, Any],
@@ -198,6 +198,25 @@ async def test_an_aws_cluster_is_provisioned_in_moto_and_fails_over(
         assert aws.group()["DesiredCapacity"] == 2  # size kept: one in, one out
         assert aws.tags(new)["gpufleet:node"] == "cloud-000"
         assert aws.tags(new)["gpufleet:client-token"] == f"{repair_id}/failover"
+
+        # Reprovision, asked the same way: EC2 cannot reinstall in place (moto has no
+        # root-volume replacement), so the driver relaunches; the node moves onto the new
+        # instance, whose user data carries the node's new token.
+        other = nodes["cloud-001"]
+        asked = await app.client.post(
+            f"/api/v1/nodes/{other['id']}/actions",
+            json={"action": "reprovision", "reason": "driver state looks corrupt"},
+        )
+        assert asked.status_code == 200, asked.text
+        repair_id = asked.json()["repair"]["id"]
+        done = await fleet.until(ended, ticks=60, what="the reprovision")
+        assert done["status"] == "succeeded", done
+        await fleet.until(lambda: _in_service(fleet, bootstrap), ticks=10, what="back again")
+        moved = (await fleet.node(other["id"]))["provider_instance_id"]
+        assert moved not in (None, other["provider_instance_id"])
+        assert aws.state(other["provider_instance_id"]) in ("shutting-down", "terminated")
+        assert aws.members() == {new: "InService", moved: "InService"}
+        assert aws.group()["DesiredCapacity"] == 2
 
         events = await fleet.get("/api/v1/events", cluster=fleet.cluster_id, limit=500)
         audit = await fleet.get("/api/v1/audit", project="ml", limit=500)
