@@ -137,9 +137,9 @@ async def test_what_the_check_refuses(
         assert sim.status_code == 422, sim.text
         error = error_of(sim)
         assert error["field"] == "provider" and "'sim' has no reach check" in error["message"]
-        # AWS is not built by this server (it needs a placement per cluster).
+        # AWS machines are a cluster's own instances: a sim cluster has none to check.
         aws = await _check(app.client, clusters["ipmi"], provider="aws")
-        assert aws.status_code == 422 and "not configured" in error_of(aws)["message"]
+        assert aws.status_code == 422 and "no aws configuration" in error_of(aws)["message"]
         bad = await _check(app.client, clusters["ipmi"], provider="pxe")
         assert bad.status_code == 422
         extra = await _check(app.client, clusters["ipmi"], provider="ipmi", hosts=["x"])

@@ -1,14 +1,16 @@
-"""``gpufleet clusters``: list, create, show, status, delete; the repair breaker."""
+"""``gpufleet clusters``: list, create, show, status, delete; the repair breaker; the
+provider configuration (``provider-config``, cli/provider_config.py)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
-from gpufleet.cli import config
+from gpufleet.cli import config, provider_config
 from gpufleet.cli.output import (
     HEALTH_STYLES,
     STATE_STYLES,
@@ -31,6 +33,7 @@ from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.models import Breaker, Cluster, ClusterStatusReport, NodeCounts, Page
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
+app.add_typer(provider_config.app, name="provider-config")
 
 # Label keys as Kubernetes spells them (optional prefix/, then a name), values anything
 # without a newline; checked here so a typo fails before anything is sent.
@@ -190,10 +193,24 @@ def create_cluster(
     first_node_index: Annotated[
         int, typer.Option(min=0, help="Number of the first node: 1 with gpu- gives gpu-001.")
     ] = 0,
+    provider_config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--provider-config",
+            help="YAML or JSON mapping: the provider's configuration (aws: region, "
+            "credential, placement).",
+            dir_okay=False,
+        ),
+    ] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Create a cluster; it provisions, runs acceptance tests, then becomes ready."""
     labels = parse_labels(label or [])
+    settings = (
+        provider_config.read_config_file(provider_config_file)
+        if provider_config_file is not None
+        else None
+    )
     with config.client_for(ctx) as client:
         cluster = client.create_cluster(
             project=project,
@@ -210,6 +227,7 @@ def create_cluster(
             labels=labels,
             node_prefix=node_prefix,
             first_node_index=first_node_index,
+            provider_config=settings,
         )
     emit(output, cluster, _render_one)
 

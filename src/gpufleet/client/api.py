@@ -285,6 +285,7 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         node_prefix: str | None = None,
         first_node_index: int = 0,
         acceptance_suite: AcceptanceSuite | None = None,
+        provider_config: Mapping[str, object] | None = None,
     ) -> Cluster:
         body: dict[str, Any] = {
             "project": project,
@@ -304,6 +305,8 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         }
         if acceptance_suite is not None:  # left out: the server's default suite
             body["acceptance_suite"] = acceptance_suite.model_dump(mode="json")
+        if provider_config is not None:  # aws: region, credential, placement
+            body["provider_config"] = dict(provider_config)
         return Cluster.model_validate(self._call("POST", f"{API}/clusters", body=body))
 
     def get_cluster(self, cluster_id: str) -> Cluster:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gpufleet.client.calls import API, Calls, segment
 from gpufleet.core.enums import ProviderKind
-from gpufleet.core.providers import ProvidersCheckResult
+from gpufleet.core.providers import ClusterProviderConfig, ProvidersCheckResult
 
 # A reach check waits for the slowest host: a hung BMC takes its driver's whole bound
 # (Redfish: three requests of 15 s; SSH: three connection attempts of 10 s), and hosts
@@ -25,3 +27,17 @@ class ProviderCalls(Calls):
         body = {"provider": provider.value if provider is not None else None}
         data = self._call("POST", path, body=body, timeout_s=CHECK_TIMEOUT_S)
         return ProvidersCheckResult.model_validate(data)
+
+    def get_provider_config(self, cluster_id: str) -> ClusterProviderConfig:
+        """The cluster's provider and its configuration (a credential by name only)."""
+        path = f"{API}/clusters/{segment(cluster_id)}/provider-config"
+        return ClusterProviderConfig.model_validate(self._call("GET", path))
+
+    def set_provider_config(
+        self, cluster_id: str, config: Mapping[str, object], *, reason: str = ""
+    ) -> ClusterProviderConfig:
+        """Replace the cluster's provider configuration (admins). For ``aws``: region,
+        credential (a stored aws_key's name), endpoint_url and the placement fields."""
+        path = f"{API}/clusters/{segment(cluster_id)}/provider-config"
+        data = self._call("PUT", path, body={"config": dict(config), "reason": reason})
+        return ClusterProviderConfig.model_validate(data)

@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute
 
 from gpufleet import __version__
 from gpufleet.core.clock import Clock, SystemClock
+from gpufleet.core.enums import ProviderKind
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry, bare_metal_providers, slurm_scheduler
@@ -51,6 +52,7 @@ from gpufleet.server.routers import (
     volumes,
 )
 from gpufleet.server.services.auth import bootstrap_owner
+from gpufleet.server.services.aws_providers import AwsProviders
 from gpufleet.server.services.host_directory import DbHostDirectory
 from gpufleet.server.services.keyring import Keyring
 from gpufleet.server.settings import ServerSettings
@@ -100,6 +102,7 @@ def create_app(
         drivers = DriverRegistry(providers={"sim": sim.provider}, schedulers={"sim": sim.scheduler})
         directory = DbHostDirectory(db=db, keyring=keyring, clock=clock)
         drivers.providers.update(bare_metal_providers(settings, directory=directory))
+        drivers.per_cluster[ProviderKind.AWS.value] = AwsProviders(db=db, keyring=keyring)
         slurm = slurm_scheduler(settings)
         if slurm is not None:
             drivers.schedulers["slurm"] = slurm

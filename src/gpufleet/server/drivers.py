@@ -1,9 +1,12 @@
-"""Drivers by kind. The server builds one instance of each at start-up."""
+"""Drivers by kind. The server builds one instance of each at start-up, except the
+providers whose driver depends on the cluster (``aws``: a region, an account and a
+placement per cluster), which ``provider_for`` builds from the cluster's configuration."""
 
 from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpufleet.core.enums import ProviderKind
 from gpufleet.core.errors import InvalidInput
@@ -17,19 +20,42 @@ from gpufleet.providers.ssh.driver import SshProvider
 from gpufleet.schedulers.base import Scheduler
 from gpufleet.schedulers.slurm.config import SlurmConfig
 from gpufleet.schedulers.slurm.driver import SlurmScheduler
+from gpufleet.server.db.tables import ClusterRow
 from gpufleet.server.settings import ServerSettings
+
+
+class ClusterProviders(Protocol):
+    """Builds the driver of one cluster from its row (services/aws_providers.py)."""
+
+    def for_cluster(self, cluster: ClusterRow) -> Provider: ...
 
 
 @dataclass
 class DriverRegistry:
     providers: dict[str, Provider] = field(default_factory=dict)
     schedulers: dict[str, Scheduler] = field(default_factory=dict)
+    # Provider kinds whose driver is per cluster, by kind ("aws").
+    per_cluster: dict[str, ClusterProviders] = field(default_factory=dict)
+
+    def provider_for(self, cluster: ClusterRow) -> Provider:
+        """The driver that acts on ``cluster``'s machines. Building it does no I/O: a
+        per-cluster driver reads its configuration and credential on each call, and a
+        call fails with a ``DriverError`` naming what to fix when they are missing."""
+        per_cluster = self.per_cluster.get(cluster.provider)
+        if per_cluster is not None:
+            return per_cluster.for_cluster(cluster)
+        return self.provider(cluster.provider)
+
+    def check_provider(self, kind: str) -> None:
+        """Raise ``InvalidInput`` unless this server can drive a cluster on ``kind``."""
+        if kind not in self.per_cluster:
+            self.provider(kind)
 
     def provider(self, kind: str) -> Provider:
         try:
             return self.providers[kind]
         except KeyError:
-            known = ", ".join(sorted(self.providers)) or "none"
+            known = ", ".join(sorted({*self.providers, *self.per_cluster})) or "none"
             raise InvalidInput(
                 f"provider {kind!r} is not configured on this server (configured: {known})",
                 field="provider",
@@ -76,8 +102,8 @@ def bare_metal_providers(
     with its config's defaults and the few settings an operator must choose.
 
     Building them runs nothing and loads no third-party client: ipmitool is run, and
-    sushy and asyncssh are imported, on a driver's first call. AWS is not built here: it
-    needs a placement (region, launch template) per cluster.
+    sushy and asyncssh are imported, on a driver's first call. AWS is not built here: its
+    driver is per cluster (``DriverRegistry.per_cluster``, services/aws_providers.py).
     """
     return {
         ProviderKind.IPMI.value: IpmiProvider(

@@ -2,10 +2,7 @@
 the Auto Scaling group, as moto shows them through its own API.
 
 One moto server (EC2 and Auto Scaling) on 127.0.0.1 per module, its state reset before
-every test; a launch template and an Auto Scaling group per test. boto3 never looks for
-real credentials here: dummy keys, no profile, and the instance metadata service off (it
-would probe 169.254.169.254). Instance addresses moto hands out are fake; nothing
-connects to them.
+every test; a launch template and an Auto Scaling group per test (``moto_lab.py``).
 """
 
 from __future__ import annotations
@@ -15,10 +12,10 @@ import dataclasses
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from moto_lab import GROUP, REGION, TEMPLATE, Aws, admin_clients, moto_server, seed
 
 from gpufleet.core.errors import DriverError
 from gpufleet.providers.aws.config import AwsConfig, AwsPlacement
@@ -37,97 +34,22 @@ from gpufleet.providers.base import (
     SupportsReprovision,
 )
 
-_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    # moto's catalogue of public AMIs takes seconds to load after every reset; the
-    # launch template names a made-up AMI, which moto accepts without it.
-    "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
-}
-REGION = "us-east-1"
-GROUP = "gpu-group"
-TEMPLATE = "gpu-template"
-
-
-@dataclass
-class Aws:
-    endpoint: str
-    ec2: Any  # the test's own boto3 clients: moto's view, not the driver's
-    asg: Any
-    subnet: str
-
-    def group(self) -> dict[str, Any]:
-        answer = self.asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])
-        group: dict[str, Any] = answer["AutoScalingGroups"][0]
-        return group
-
-    def members(self) -> dict[str, str]:
-        return {i["InstanceId"]: i["LifecycleState"] for i in self.group()["Instances"]}
-
-    def instance(self, instance_id: str) -> dict[str, Any]:
-        answer = self.ec2.describe_instances(InstanceIds=[instance_id])
-        found: dict[str, Any] = answer["Reservations"][0]["Instances"][0]
-        return found
-
-    def state(self, instance_id: str) -> str:
-        return str(self.instance(instance_id)["State"]["Name"])
-
-    def tags(self, instance_id: str) -> dict[str, str]:
-        return {t["Key"]: t["Value"] for t in self.instance(instance_id).get("Tags", [])}
-
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in _ENV.items():
-            mp.setenv(key, value)
-        mp.delenv("AWS_PROFILE", raising=False)
-        mp.delenv("AWS_SESSION_TOKEN", raising=False)
-        from moto.server import ThreadedMotoServer
-
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        try:
-            yield f"http://{host}:{port}"
-        finally:
-            server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="module")
 def admin(moto_endpoint: str) -> tuple[Any, Any]:
-    """The test's own EC2 and Auto Scaling clients (built once: loading botocore's
-    service models is most of a client's cost)."""
-    import boto3
-
-    keys = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-    ec2 = boto3.client("ec2", endpoint_url=moto_endpoint, region_name=REGION, **keys)
-    asg = boto3.client("autoscaling", endpoint_url=moto_endpoint, region_name=REGION, **keys)
-    return ec2, asg
+    return admin_clients(moto_endpoint)
 
 
 @pytest.fixture
 def aws(moto_endpoint: str, admin: tuple[Any, Any]) -> Aws:
-    import requests
-
-    requests.post(f"{moto_endpoint}/moto-api/reset", timeout=10).raise_for_status()
     ec2, asg = admin
-    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
-    ec2.create_launch_template(
-        LaunchTemplateName=TEMPLATE,
-        LaunchTemplateData={"ImageId": "ami-12345678", "InstanceType": "p4d.24xlarge"},
-    )
-    asg.create_auto_scaling_group(
-        AutoScalingGroupName=GROUP,
-        LaunchTemplate={"LaunchTemplateName": TEMPLATE, "Version": "$Latest"},
-        MinSize=0,
-        MaxSize=10,
-        DesiredCapacity=1,  # one machine the group launched itself, not gpufleet's
-        VPCZoneIdentifier=subnet,
-    )
-    return Aws(endpoint=moto_endpoint, ec2=ec2, asg=asg, subnet=subnet)
+    return seed(moto_endpoint, ec2, asg)
 
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"  # made up; must never be printed
@@ -232,6 +154,25 @@ async def test_provision_is_idempotent_by_client_token(aws: Aws, provider: AwsPr
     assert members[first.instance_id] == "InService"
     assert len(members) == 2 and aws.group()["DesiredCapacity"] == 2  # grew by one, once
     assert again.node_name == "gpu-1" and again.client_token == "prov-1"
+
+
+async def test_a_launch_followed_by_get_instance_joins_the_group_once(
+    aws: Aws, moto_endpoint: str
+) -> None:
+    # The server follows a launch with get_instance, never a second provision: the
+    # machine joins the group there once it runs. A fresh provider: no machine seen yet.
+    provider = AwsProvider(make_config(moto_endpoint), CREDENTIAL)
+    first = await provider.provision(request(token="follow"))
+    assert first.state is InstanceState.PENDING and first.instance_id not in aws.members()
+    seen = await provider.get_instance(first.instance_id)
+    assert seen is not None and seen.state is InstanceState.RUNNING
+    assert aws.members()[first.instance_id] == "InService"
+    await provider.get_instance(first.instance_id)  # a member: not attached twice
+    assert aws.group()["DesiredCapacity"] == 2 and len(aws.members()) == 2
+    # The group's own machine (no gpufleet tags) is read, never attached or claimed.
+    [own] = set(aws.members()) - {first.instance_id}
+    assert await provider.get_instance(own) is not None
+    assert aws.group()["DesiredCapacity"] == 2
 
 
 async def test_provision_without_a_group_launches_from_the_template(

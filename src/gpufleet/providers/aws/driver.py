@@ -64,6 +64,8 @@ class AwsProvider:
     def __init__(self, config: AwsConfig, credential: Credential | None = None) -> None:
         self._config = config
         self._aws = AwsClient(config, credential)
+        # Running machines already checked for their group (``get_instance``).
+        self._attached: set[str] = set()
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -280,9 +282,30 @@ class AwsProvider:
         )
 
     async def get_instance(self, instance_id: str) -> Instance | None:
-        """The instance (EC2 shows terminated ones for about an hour), or None."""
+        """The instance (EC2 shows terminated ones for about an hour), or None.
+
+        A machine gpufleet launched for a cluster with a group is attached to the group
+        here once it runs, when no second ``provision`` did it: the server follows a
+        launch with ``get_instance`` (provisioning loop, failover), not ``provision``.
+        """
         raw = await self._describe(instance_id)
-        return None if raw is None else to_instance(raw)
+        if raw is None:
+            return None
+        instance = to_instance(raw)
+        if instance.state is InstanceState.RUNNING and instance_id not in self._attached:
+            await self._finish_launch(raw, instance_id)
+        return instance
+
+    async def _finish_launch(self, raw: Mapping[str, Any], instance_id: str) -> None:
+        tags = tags_of(raw)
+        placement = self._config.clusters.get(tags.get(TAG_CLUSTER, ""))
+        if placement is None or TAG_CLIENT_TOKEN not in tags:
+            return  # not launched by gpufleet for a cluster this provider places
+        if placement.auto_scaling_group is not None:
+            about = f"node {tags.get(TAG_NODE, '?')} (cluster {tags[TAG_CLUSTER]})"
+            await self._attach(instance_id, placement.auto_scaling_group, about=about)
+        # Asked once per machine: one an operator detaches on purpose is not re-attached.
+        self._attached.add(instance_id)
 
     async def list_instances(self, cluster_id: str) -> list[Instance]:
         """Instances tagged with the cluster that are not terminated, oldest first."""

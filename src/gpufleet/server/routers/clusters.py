@@ -4,12 +4,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
+import gpufleet.server.services.cluster_provider_config as provider_config_services
 import gpufleet.server.services.clusters as clusters_services
 from gpufleet.core.enums import ClusterStatus
 from gpufleet.core.models import Cluster, ClusterStatusReport, Page
+from gpufleet.core.providers import ClusterProviderConfig
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
-from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateClusterRequest
+from gpufleet.server.schemas.clusters import (
+    CreateClusterRequest,
+    SetProviderConfigRequest,
+    UpdateClusterRequest,
+)
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/clusters", tags=["clusters"])
@@ -100,6 +106,37 @@ async def update_cluster(
             cluster_id=cluster_id,
             request=body,
             staleness_s=ctx.settings.staleness_s,
+            now=ctx.clock.now(),
+        )
+
+
+@router.get("/{cluster_id}/provider-config")
+async def get_provider_config(
+    cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
+) -> ClusterProviderConfig:
+    """The cluster's provider and its configuration (a credential by name only)."""
+    async with ctx.db.session() as session:
+        return await provider_config_services.get_provider_config(
+            session, caller=caller, cluster_id=cluster_id
+        )
+
+
+@router.put("/{cluster_id}/provider-config")
+async def set_provider_config(
+    cluster_id: str,
+    body: SetProviderConfigRequest,
+    caller: Annotated[Caller, Allow(Permission.CLUSTER_CREATE)],
+    ctx: CtxDep,
+) -> ClusterProviderConfig:
+    """Replace the configuration of the cluster's provider (admins); checked against the
+    provider, its credential a stored aws_key of the project."""
+    async with ctx.db.transaction() as session:
+        return await provider_config_services.set_provider_config(
+            session,
+            caller=caller,
+            cluster_id=cluster_id,
+            raw=body.config,
+            reason=body.reason,
             now=ctx.clock.now(),
         )
 

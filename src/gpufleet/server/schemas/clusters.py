@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StringConstraints
 
@@ -20,6 +20,11 @@ StartupScripts = Annotated[
 ]
 AutoscaleMin = Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE, strict=True)]
 AutoscaleMax = Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)]
+
+
+# Checked against the cluster's provider by the service (a 422 names the field), since
+# which fields exist depends on the provider, not on the body.
+ProviderConfigBody = Annotated[dict[str, Any], Field(max_length=64)]
 
 
 class CreateClusterRequest(Request):
@@ -42,6 +47,17 @@ class CreateClusterRequest(Request):
     # "<name>-" from 000; set them to match machines already named (Slurm's gpu-001...).
     node_prefix: NodePrefix | None = None
     first_node_index: Annotated[int, Field(ge=0, le=99_999, strict=True)] = 0
+    # What the provider needs per cluster, checked against ``provider``
+    # (core/providers.py): for aws the region, the credential's name and the placement;
+    # nothing for the others.
+    provider_config: ProviderConfigBody = {}
+
+
+class SetProviderConfigRequest(Request):
+    """PUT: the whole configuration (fields left out take their defaults)."""
+
+    config: ProviderConfigBody
+    reason: Annotated[str, Field(max_length=1000)] = ""
 
 
 class UpdateClusterRequest(Request):

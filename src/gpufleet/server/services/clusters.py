@@ -37,6 +37,7 @@ from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.projects import get_project_row_or_error
+from gpufleet.server.services.provider_configs import check_provider_config
 from gpufleet.server.services.transitions import Subject, transition
 
 
@@ -145,8 +146,11 @@ async def create_cluster(
         raise InvalidInput(
             f"unknown gpu_model {request.gpu_model!r} (known: {known})", field="gpu_model"
         )
-    drivers.provider(request.provider.value)
+    drivers.check_provider(request.provider.value)
     drivers.scheduler(request.scheduler.value)
+    provider_config = await check_provider_config(
+        session, project_id=project.id, kind=request.provider, raw=request.provider_config
+    )
     _check_bounds(size=request.size, lo=request.autoscale_min, hi=request.autoscale_max)
     check_suite(request.acceptance_suite)
     if await _live_cluster_named(session, project_id=project.id, name=request.name):
@@ -174,7 +178,7 @@ async def create_cluster(
         autoscale_min=request.autoscale_min,
         autoscale_max=request.autoscale_max,
         labels=dict(request.labels),
-        provider_config={},
+        provider_config=provider_config.model_dump(mode="json"),
         node_prefix=request.node_prefix,
         first_node_index=request.first_node_index,
         created_at=now,

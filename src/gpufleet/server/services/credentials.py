@@ -1,7 +1,8 @@
 """Credentials: BMC passwords, SSH private keys and cloud keys, sealed at rest.
 
 Write-only: a secret goes in (create or replace by name) and never comes back out of the
-API. Only ``services/host_directory.py`` opens one, for a driver's call. Events, audit
+API. Only ``services/host_directory.py`` opens one, for a driver's call (a host's
+BMC/SSH credential, or an aws cluster's key). Events, audit
 rows, log lines and error messages name the credential and the key id, never the secret.
 """
 
@@ -12,11 +13,12 @@ import datetime as dt
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpufleet.core.enums import ClusterStatus, ProviderKind
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.inventory import CredentialKind, KeyRotationResult, StoredCredential
 from gpufleet.core.rbac import Permission
-from gpufleet.server.db.tables import CredentialRow, HostRow, ProjectRow
+from gpufleet.server.db.tables import ClusterRow, CredentialRow, HostRow, ProjectRow
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.keyring import NO_KEY_MESSAGE, Keyring, credential_aad
@@ -164,7 +166,7 @@ async def put_credential(
 async def delete_credential(
     session: AsyncSession, *, caller: Caller, project_ref: str, credential_ref: str
 ) -> StoredCredential:
-    """Delete a credential no host uses (409 naming the hosts otherwise)."""
+    """Delete a credential no host and no aws cluster uses (409 naming them otherwise)."""
     project = await get_project_row_for(
         session, caller=caller, ref=project_ref, permission=Permission.CREDENTIAL_MANAGE
     )
@@ -184,6 +186,26 @@ async def delete_credential(
             "credential (re-import) first",
             field="credential",
         )
+    # A cluster being deleted still needs its key: its machines are given back with it.
+    clusters = [
+        c.name
+        for c in await session.scalars(
+            select(ClusterRow)
+            .where(
+                ClusterRow.project_id == project.id,
+                ClusterRow.provider == ProviderKind.AWS.value,
+                ClusterRow.status != ClusterStatus.DELETED.value,
+            )
+            .order_by(ClusterRow.name)
+        )
+        if (c.provider_config or {}).get("credential") == row.name
+    ]
+    if clusters:
+        raise Conflict(
+            f"credential {row.name} is used by aws cluster(s) {', '.join(clusters)}; point "
+            "them at another credential (`gpufleet clusters provider-config set`) first",
+            field="credential",
+        )
     model = credential_row_to_model(row)
     await session.delete(row)
     record_audit(
@@ -199,7 +221,8 @@ async def delete_credential(
 
 
 def open_credential(keyring: Keyring, row: CredentialRow) -> str:
-    """The secret of ``row`` (only the host directory calls this, for a driver)."""
+    """The secret of ``row`` (only ``services/host_directory.py`` calls this, for a
+    driver)."""
     return keyring.open(
         key_id=row.key_id,
         blob=row.ciphertext,

@@ -1,6 +1,8 @@
 """``DbHostDirectory``: the host inventory as bare-metal drivers see it
 (``providers.base.HostDirectory``). The one place a credential is opened: the secret lives
-in the ``HostAccess`` handed to one driver call, whose ``Credential`` repr hides it.
+in the ``HostAccess`` handed to one driver call, whose ``Credential`` repr hides it, or,
+for an aws cluster, in the ``Credential`` its ``AwsProvider`` is built with
+(``aws_credential``, called by ``services/aws_providers.py``).
 
 ``claim_spare`` is idempotent by its token and safe under concurrency. Claims of one
 cluster's pool run one at a time: on PostgreSQL a transaction-scoped advisory lock on the
@@ -18,9 +20,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.clock import Clock
-from gpufleet.core.errors import NotFound
+from gpufleet.core.errors import InvalidInput, NotFound
 from gpufleet.core.ids import is_id
-from gpufleet.core.inventory import HostState
+from gpufleet.core.inventory import CredentialKind, HostState
 from gpufleet.providers.base import Credential, HostAccess
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import CredentialRow, HostRow
@@ -53,6 +55,32 @@ async def host_access(session: AsyncSession, keyring: Keyring, row: HostRow) -> 
         leaf_switch=row.leaf_switch,
         pdu=row.pdu,
     )
+
+
+def aws_credential(keyring: Keyring, row: CredentialRow) -> Credential:
+    """An ``aws_key`` credential as the AWS driver takes it: the access key id as the
+    username, the secret access key as the secret. Stored either way: the access key id
+    as the credential's username and the secret key alone, or no username and
+    ``<access key id>:<secret access key>`` as the secret.
+
+    Raises:
+        SecretUnavailable: the credential does not open (its key id is named).
+        InvalidInput: it is not an access key pair (named, never shown).
+    """
+    what = f"credential {row.name} ({row.id})"
+    if row.kind != CredentialKind.AWS_KEY.value:
+        raise InvalidInput(f"{what} is a {row.kind}, not an aws_key", field="credential")
+    secret = open_credential(keyring, row)
+    if row.username:
+        return Credential(username=row.username, secret=secret)
+    key_id, sep, key = secret.partition(":")
+    if not sep or not key_id.strip() or not key.strip():
+        raise InvalidInput(
+            f"{what}: not an access key pair; store it as <access key id>:<secret access "
+            "key>, or with the access key id as its username",
+            field="credential",
+        )
+    return Credential(username=key_id.strip(), secret=key.strip())
 
 
 class DbHostDirectory:

@@ -1,5 +1,6 @@
-"""``check_providers``: reach every inventory host of a cluster through a provider's
-``check_reach``, changing nothing (``gpufleet providers check``).
+"""``check_providers``: reach every inventory host of a cluster (an aws cluster: every
+node's instance) through a provider's ``check_reach``, changing nothing (``gpufleet
+providers check``).
 
 Three steps, no network call inside a transaction: read the cluster and its hosts; run
 the checks, at most ``CHECK_CONCURRENCY`` at once, each bounded by the driver's own
@@ -16,13 +17,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from gpufleet.core.enums import ProviderKind
+from gpufleet.core.enums import NodeState, ProviderKind
 from gpufleet.core.errors import GpufleetError, InvalidInput
 from gpufleet.core.providers import HostReach, Power, ProvidersCheckResult
 from gpufleet.core.rbac import Permission
-from gpufleet.providers.base import PowerState, SupportsReachCheck
+from gpufleet.providers.base import PowerState, Provider, SupportsReachCheck
 from gpufleet.server.db.engine import Database
-from gpufleet.server.db.tables import HostRow
+from gpufleet.server.db.tables import ClusterRow, HostRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
@@ -58,7 +59,9 @@ async def check_providers(
     now: dt.datetime,
 ) -> ProvidersCheckResult:
     """Every host of the cluster in the inventory, as ``provider`` (default: the
-    cluster's own) reaches it. An unreachable host is a row with ``reachable=False``.
+    cluster's own) reaches it; for an aws cluster, every node's instance (``hostname`` the
+    node's name, ``host_id`` the instance id). An unreachable host is a row with
+    ``reachable=False``.
 
     Raises:
         NotFound: no such cluster for the caller.
@@ -70,7 +73,7 @@ async def check_providers(
         cluster = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
         require(caller, Permission.HOST_READ, cluster.project_id)
         kind = provider or ProviderKind(cluster.provider)
-        driver = drivers.provider(kind.value)
+        driver = _driver(drivers, cluster, kind)
         if not isinstance(driver, SupportsReachCheck):
             raise InvalidInput(
                 f"provider {kind.value!r} has no reach check: its machines are not reached "
@@ -78,14 +81,29 @@ async def check_providers(
                 "provider that drives them: ipmi, redfish or ssh",
                 field="provider",
             )
-        rows = (
-            await session.execute(
-                select(HostRow.id, HostRow.hostname, HostRow.bmc_type)
-                .where(HostRow.cluster_id == cluster.id)
-                .order_by(HostRow.hostname)
-            )
-        ).all()
-        targets = [_Target(host_id=r[0], hostname=r[1], bmc_type=r[2]) for r in rows]
+        if kind.value in drivers.per_cluster:
+            # A cloud cluster's machines are its nodes' instances, not inventory hosts.
+            rows = (
+                await session.execute(
+                    select(NodeRow.provider_instance_id, NodeRow.name, NodeRow.id)
+                    .where(
+                        NodeRow.cluster_id == cluster.id,
+                        NodeRow.state != NodeState.REMOVED.value,
+                        NodeRow.provider_instance_id.is_not(None),
+                    )
+                    .order_by(NodeRow.name)
+                )
+            ).all()
+            targets = [_Target(host_id=str(r[0]), hostname=r[1], bmc_type=kind.value) for r in rows]
+        else:
+            rows = (
+                await session.execute(
+                    select(HostRow.id, HostRow.hostname, HostRow.bmc_type)
+                    .where(HostRow.cluster_id == cluster.id)
+                    .order_by(HostRow.hostname)
+                )
+            ).all()
+            targets = [_Target(host_id=r[0], hostname=r[1], bmc_type=r[2]) for r in rows]
         project_id = cluster.project_id
     gate = asyncio.Semaphore(CHECK_CONCURRENCY)
 
@@ -107,6 +125,18 @@ async def check_providers(
             ts=now,
         )
     return ProvidersCheckResult(cluster_id=cluster_id, provider=kind, hosts=hosts)
+
+
+def _driver(drivers: DriverRegistry, cluster: ClusterRow, kind: ProviderKind) -> Provider:
+    if kind.value not in drivers.per_cluster:
+        return drivers.provider(kind.value)
+    if kind.value != cluster.provider:
+        raise InvalidInput(
+            f"cluster {cluster.name} is on provider {cluster.provider}: it has no "
+            f"{kind.value} configuration to check its machines with",
+            field="provider",
+        )
+    return drivers.provider_for(cluster)
 
 
 async def _reach(driver: SupportsReachCheck, target: _Target, *, kind: ProviderKind) -> HostReach:

@@ -1,14 +1,19 @@
-"""The Configuration tab: the cluster's spec, startup scripts, acceptance tests (on, or
-opted out) and autoscaling bounds; admins change them through ``update_cluster``, the
-service behind ``PATCH /api/v1/clusters/{id}``."""
+"""The Configuration tab: the cluster's spec, its provider's configuration, startup
+scripts, acceptance tests (on, or opted out) and autoscaling bounds. Admins change the
+provider configuration through ``set_provider_config`` (the service behind ``PUT
+/api/v1/clusters/{id}/provider-config``: a JSON object in a text box), and the rest
+through ``update_cluster``, the service behind ``PATCH /api/v1/clusters/{id}``."""
 
 from __future__ import annotations
+
+import json
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
+import gpufleet.server.services.cluster_provider_config as provider_config_services
 import gpufleet.server.services.clusters as clusters_services
-from gpufleet.core.errors import InvalidInput
+from gpufleet.core.errors import Conflict, InvalidInput
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import describe_validation_errors
@@ -41,11 +46,24 @@ async def configuration_tab(
             session, caller=user.caller, cluster_id=page.cluster.id,
             staleness_s=ctx.settings.staleness_s, now=ctx.clock.now(),
         )  # fmt: skip
+        try:
+            provider = await provider_config_services.get_provider_config(
+                session, caller=user.caller, cluster_id=page.cluster.id
+            )
+            provider_error = ""
+        except Conflict as exc:  # a stored configuration that no longer reads: say so
+            provider, provider_error = None, exc.message
+    values = provider.config.model_dump(mode="json") if provider else {}
+    provider_rows = list(values.items())
     return render_page(
         request,
         "tab_configuration.html",
-        page.context(user, "configuration", cluster=cluster, now=ctx.clock.now()),
-    )
+        page.context(
+            user, "configuration", cluster=cluster, now=ctx.clock.now(),
+            provider_rows=provider_rows, provider_error=provider_error,
+            provider_json=json.dumps(values, indent=2),
+        ),
+    )  # fmt: skip
 
 
 @router.post("/clusters/{cluster_id}/configuration")
@@ -78,4 +96,36 @@ async def update_configuration(
         )  # fmt: skip
     response = redirect(back)
     set_flash(response, text=f"Configuration of {page.cluster.name} saved.")
+    return response
+
+
+@router.post("/clusters/{cluster_id}/provider-config")
+async def update_provider_config(
+    cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
+) -> Response:
+    form = await read_form(request, csrf=user.csrf)
+    async with ctx.db.session() as session:
+        page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
+    back = f"/clusters/{page.cluster.id}/configuration"
+    request.state.form_next = back
+    require(user.caller, Permission.CLUSTER_CREATE, page.cluster.project_id)
+    try:
+        raw = json.loads(first(form, "provider_config") or "{}")
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"provider configuration: not valid JSON ({exc.msg}, line {exc.lineno})",
+            field="provider_config",
+        ) from None
+    if not isinstance(raw, dict):
+        raise InvalidInput(
+            'provider configuration: a JSON object, e.g. {"region": "us-east-1", ...}',
+            field="provider_config",
+        )
+    async with ctx.db.transaction() as session:
+        await provider_config_services.set_provider_config(
+            session, caller=user.caller, cluster_id=page.cluster.id, raw=raw,
+            reason=first(form, "reason").strip(), now=ctx.clock.now(),
+        )  # fmt: skip
+    response = redirect(back)
+    set_flash(response, text=f"Provider configuration of {page.cluster.name} saved.")
     return response

@@ -148,7 +148,7 @@ class ProvisioningLoop(LoopService):
                     )
                 )
             ]
-        provider = self.drivers.provider(cluster.provider)
+        provider = self.drivers.provider_for(cluster)
         if cluster.status == ClusterStatus.DELETING.value:
             await self._delete(cluster, nodes, provider)
             return

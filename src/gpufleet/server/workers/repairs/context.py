@@ -137,7 +137,7 @@ class RepairContext(StepContext[RepairRow]):
         return scheduler_for(self.drivers, loaded.cluster)
 
     def provider(self, loaded: LoadedRepair) -> Provider:
-        return self.drivers.provider(loaded.cluster.provider)
+        return self.drivers.provider_for(loaded.cluster)
 
     def now_iso(self) -> str:
         """Now, as ``progress`` records a time."""
