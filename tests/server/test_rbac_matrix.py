@@ -215,6 +215,10 @@ ROUTES: dict[tuple[str, str], Rule] = {
         P.CLUSTER_CREATE, body=lambda _w, _v: {"autoscale_max": 8}
     ),
     ("DELETE", "/api/v1/clusters/{cluster_id}"): Rule(P.CLUSTER_DELETE, fresh=_fresh_cluster),
+    ("GET", "/api/v1/clusters/{cluster_id}/provider-config"): Rule(P.CLUSTER_READ),
+    ("PUT", "/api/v1/clusters/{cluster_id}/provider-config"): Rule(
+        P.CLUSTER_CREATE, body=lambda _w, _v: {"config": {}, "reason": "matrix"}
+    ),
     ("GET", "/api/v1/clusters/{cluster_id}/access"): Rule(P.MEMBER_READ),
     ("GET", "/api/v1/nodes"): Rule(P.NODE_READ, query=_cluster_filter),
     ("GET", "/api/v1/nodes/{node_id}"): Rule(P.NODE_READ),
