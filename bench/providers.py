@@ -16,9 +16,8 @@ a ``boto3`` ``describe_instances``), then the driver's ``check_reach``, ``power_
 medians to the baseline, and — by wrapping the driver's one call method — how long the
 driver took to reach its first peer call and how many calls it made.
 
-What this does NOT measure: approval → first call through the server. The server does
-not yet let a cluster run on these providers (docs/providers.md, "Not yet"), so there is
-no approval that can reach them; this is the driver's share of that path.
+Approval → first BMC call through the server is bench/repair_path.py; this is the
+driver's share of that path.
 
 Nothing is asserted; exit 0 when every provider ran, 1 when one could not (its row says
 why). Everything started is stopped and the temp dir removed, on failure and Ctrl-C too.
@@ -477,8 +476,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=(
             "Time the ipmi, redfish, ssh and aws drivers against their real peers on "
             "loopback, each next to the peer's own call latency measured in the same run. "
-            "Approval → first call through the server is not measured: the server does "
-            "not wire these providers yet (docs/providers.md, 'Not yet')."
+            "Approval → first call through the server: bench/repair_path.py."
         )
     )
     parser.add_argument(
@@ -546,8 +544,7 @@ async def main_async(args: argparse.Namespace) -> int:
     for r in results:
         for note in r.notes:
             print(textwrap.fill(note, width=92, initial_indent="- ", subsequent_indent="  "))
-    print("- not measured: approval → first call through the server, which does not wire")
-    print("  ipmi/redfish/ssh clusters or aws yet (docs/providers.md, 'Not yet').")
+    print("- approval → first call through the server: bench/repair_path.py.")
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 1 if any(r.failed for r in results) else 0
 

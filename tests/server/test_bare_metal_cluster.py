@@ -3,25 +3,22 @@ BMCs (one OpenIPMI ``ipmi_sim`` per host), its agents enroll with the cluster's 
 token, and a sticky fault climbs the ladder reboot → reprovision → failover through the
 BMCs, ending on the spare host with the cluster's size kept.
 
-Stand-in, named as one: ``MachineRoom`` plays the machines behind the BMCs and their
-install. When the server's ipmi driver powers a host on (provisioning, a failover's
-spare), the room boots a simulated machine named as the host and its "install" enrolls
-with the enroll token through the real enroll API, then runs the sim agent with the
-node token it got; when the BMC saw a reset, the machine restarts; a PXE boot plus reset
-reinstalls it (a new disk: it enrolls again); a power off takes it away. Everything the
-server does goes through the real driver, ipmitool and the BMC, and the test checks what
-each BMC saw.
+The same for ``redfish`` (sushy-tools' emulator) and ``ssh`` (a real sshd): enrolled,
+ready, and xid-79 repaired by a reboot the peer saw. And what an enroll token can and
+cannot do.
+
+Stand-in, named as one: ``gpufleet.testing.machine_room.MachineRoom`` plays the machines
+behind the peers and their install (its module doc). Everything the server does goes
+through the real driver and the real peer, and the tests check what each peer saw.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import pytest
@@ -32,24 +29,25 @@ from sqlalchemy import select
 from gpufleet.client.agent import enroll
 from gpufleet.client.errors import ApiError
 from gpufleet.core.agent_protocol import EnrollRequest
-from gpufleet.providers.base import Instance, ProvisionRequest
-from gpufleet.providers.redfish.config import RedfishConfig
-from gpufleet.providers.redfish.driver import RedfishProvider
-from gpufleet.providers.sim.driver import SimProvider
-from gpufleet.providers.ssh.config import SshConfig
-from gpufleet.providers.ssh.driver import SshProvider
 from gpufleet.server.db.tables import AuditLogRow, EventRow
-from gpufleet.server.services.host_directory import DbHostDirectory
-from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, BootPlan, SimInstanceSpec
 from gpufleet.testing.fleet import SimFleet, sim_app
+from gpufleet.testing.machine_room import (
+    SERVER_URL,
+    IpmiView,
+    MachineRoom,
+    PeerView,
+    RedfishView,
+    SshView,
+    restarted,
+    use_logged_ssh_reboot,
+    use_quick_redfish,
+)
 from providers.ipmi.ipmi_lab import BMC_PASSWORD, BMC_USER, IpmiSim, require_tools
 from providers.peers import PeerHost, redfish_peer, ssh_peer
 from providers.redfish.redfish_fakes import SYSTEMS
 
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")  # two members and one spare
 SETTINGS: dict[str, Any] = {"secret_key": KEY_A, "ipmi_cipher_suite": 3}
-SERVER_URL = "http://gpufleet.test"
-BOOT_AT_ONCE = BootPlan((0.0, 0.0))
 
 
 @pytest.fixture(scope="module")
@@ -66,189 +64,6 @@ def bmcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, IpmiSim
     finally:
         for bmc in started.values():
             bmc.stop()
-
-
-@dataclasses.dataclass
-class _Machine:
-    sim_id: str
-    client_token: str
-    enrolled: bool = False
-
-
-class PeerView(Protocol):
-    """What a peer saw of one host since a mark: its power transitions and resets."""
-
-    def mark(self) -> Any: ...
-
-    def seen(self, hostname: str, mark: Any) -> list[str]: ...
-
-
-@dataclasses.dataclass
-class IpmiView:
-    bmcs: dict[str, IpmiSim]  # one BMC per host: "power 0", "reset 1", "boot pxe"
-
-    def mark(self) -> dict[str, int]:
-        return {name: bmc.mark() for name, bmc in self.bmcs.items()}
-
-    def seen(self, hostname: str, mark: dict[str, int]) -> list[str]:
-        return self.bmcs[hostname].transitions_since(mark[hostname])
-
-
-@dataclasses.dataclass
-class RedfishView:
-    journal: Path  # the emulator's: "<system uuid> reset GracefulRestart", "<uuid> power Off"
-    systems: dict[str, str]  # hostname -> its system's uuid
-
-    def _lines(self) -> list[str]:
-        return self.journal.read_text().splitlines() if self.journal.exists() else []
-
-    def mark(self) -> int:
-        return len(self._lines())
-
-    def seen(self, hostname: str, mark: int) -> list[str]:
-        uuid = self.systems[hostname]
-        return [line.split(" ", 1)[1] for line in self._lines()[mark:] if line.startswith(uuid)]
-
-
-@dataclasses.dataclass
-class SshView:
-    log: Path  # the reboot command's own log on the sshd side: "reboot by <user>"
-
-    def _lines(self) -> list[str]:
-        return self.log.read_text().splitlines() if self.log.exists() else []
-
-    def mark(self) -> int:
-        return len(self._lines())
-
-    def seen(self, hostname: str, mark: int) -> list[str]:
-        # One sshd stands for every host; the driver's calls come one at a time.
-        return ["reset (reboot command)" for _ in self._lines()[mark:]]
-
-
-def _restarted(seen: list[str]) -> bool:
-    return any(t.startswith("reset") for t in seen)
-
-
-class MachineRoom:
-    """The stand-in for the machines behind the peer and their install (module doc)."""
-
-    def __init__(self, fleet: SimFleet, kind: str, view: PeerView, http: httpx.AsyncClient) -> None:
-        self.fleet = fleet
-        self.view = view
-        self.http = http
-        self.enroll_token = ""
-        self.hostnames: dict[str, str] = {}  # host id -> hostname
-        self.machines: dict[str, _Machine] = {}  # hostname -> its machine now
-        self.enrollments: list[str] = []  # hostnames, in order
-        self.refusals: list[str] = []
-        sim = fleet.app.ctx.drivers.provider("sim")
-        assert isinstance(sim, SimProvider)
-        self.driver, self.sim = fleet.app.ctx.drivers.provider(kind), sim
-        self._wrap()
-
-    # -- what the peer saw becomes what the machine does ---------------------------------
-
-    def _wrap(self) -> None:
-        driver: Any = self.driver
-        provision, reboot = driver.provision, driver.reboot
-        reprovision, terminate = getattr(driver, "reprovision", None), driver.terminate
-
-        async def on_provision(request: ProvisionRequest) -> Instance:
-            instance: Instance = await provision(request)
-            self.hostnames[instance.instance_id] = str(instance.hostname)
-            await self._power_on(str(instance.hostname), request)
-            return instance
-
-        async def on_reboot(instance_id: str) -> None:
-            name = self.hostnames[instance_id]
-            mark = self.view.mark()
-            await reboot(instance_id)
-            if _restarted(self.view.seen(name, mark)):
-                await self.sim.reboot(self.machines[name].sim_id)
-
-        async def on_reprovision(instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
-            assert reprovision is not None
-            name = self.hostnames[instance_id]
-            mark = self.view.mark()
-            moved: Instance | None = await reprovision(instance_id, user_data=user_data)
-            seen = self.view.seen(name, mark)
-            if "boot pxe" in seen and _restarted(seen):
-                machine = self.machines[name]
-                # A new disk: the install runs again, without the old node token.
-                await self.sim.reprovision(machine.sim_id, user_data=self._user_data(None))
-                machine.enrolled = False
-            return moved
-
-        async def on_terminate(instance_id: str) -> None:
-            name = self.hostnames.get(instance_id)
-            mark = self.view.mark()
-            await terminate(instance_id)
-            if name is not None and set(self.view.seen(name, mark)) & {"power 0", "power Off"}:
-                machine = self.machines.pop(name, None)
-                if machine is not None:
-                    await self.sim.terminate(machine.sim_id)
-
-        driver.provision = on_provision
-        driver.reboot = on_reboot
-        if reprovision is not None:
-            driver.reprovision = on_reprovision
-        driver.terminate = on_terminate
-
-    async def _power_on(self, hostname: str, request: ProvisionRequest) -> None:
-        if hostname in self.machines:
-            return
-        spec = SimInstanceSpec(
-            client_token=f"room/{hostname}",
-            cluster_id=request.cluster_id,
-            node_name=hostname,  # the sim machine's hostname: what its agent reports
-            gpu_model=request.gpu_model,
-            gpu_count=request.gpu_count,
-            user_data=self._user_data(None),
-        )
-        machine = await asyncio.to_thread(self.sim.world.provision, spec, plan=BOOT_AT_ONCE)
-        self.machines[hostname] = _Machine(machine.instance_id, spec.client_token)
-
-    def _user_data(self, token: str | None) -> dict[str, str]:
-        data = {USER_DATA_URL: SERVER_URL, "gpufleet_scheduler": "sim"}
-        if token is not None:
-            data[USER_DATA_TOKEN] = token
-        return data
-
-    # -- the install: enroll, then run the agent with the node token ---------------------
-
-    async def run_once(self) -> None:
-        if not self.enroll_token:
-            return  # the install has no token yet
-        for hostname, machine in self.machines.items():
-            if machine.enrolled:
-                continue
-            try:
-                ack = await enroll(
-                    self.http,
-                    base_url=SERVER_URL,
-                    enroll_token=self.enroll_token,
-                    request=EnrollRequest(hostname=hostname),
-                )
-            except ApiError as exc:
-                assert exc.status == 409, exc.message  # not claimed yet: try again
-                self.refusals.append(exc.message)
-                continue
-            current = self.sim.world.get_instance(machine.sim_id)
-            assert current is not None
-            spec = SimInstanceSpec(
-                client_token=machine.client_token,
-                cluster_id=current.cluster_id,
-                node_name=hostname,
-                gpu_model=current.gpu_model,
-                gpu_count=len(current.gpus),
-                user_data=self._user_data(ack.node_token),
-            )
-            await asyncio.to_thread(self.sim.world.provision, spec, plan=BOOT_AT_ONCE)
-            machine.enrolled = True
-            self.enrollments.append(hostname)
-
-    def sim_id(self, hostname: str) -> str:
-        return self.machines[hostname].sim_id
 
 
 async def _metal_cluster(fleet: SimFleet, bmcs: dict[str, IpmiSim]) -> dict[str, Any]:
@@ -429,42 +244,6 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerHost]:
         yield peer
 
 
-def _redfish_through(fleet: SimFleet, peer: PeerHost) -> PeerView:
-    """The server's redfish driver over its own host directory, polling power quickly."""
-    config = RedfishConfig(
-        scheme="http", request_timeout_s=2.0, retries=1, backoff_s=0.01, power_poll_s=0.05
-    )
-    ctx = fleet.app.ctx
-    directory = DbHostDirectory(db=ctx.db, keyring=ctx.keyring, clock=ctx.clock)
-    ctx.drivers.providers["redfish"] = RedfishProvider(config, directory)
-    emulator = peer.peer
-    uuid = next(iter(SYSTEMS))  # redfish_peer's one system
-    return RedfishView(journal=emulator.journal, systems={"gpu-r1": uuid})
-
-
-def _ssh_through(fleet: SimFleet, tmp_path: Path) -> PeerView:
-    """The server's ssh driver over its own host directory, with a reboot command that
-    writes its line on the sshd side (a test user cannot reboot the machine)."""
-    log = tmp_path / "reboots.log"
-    script = tmp_path / "reboot.sh"
-    script.write_text(f'#!/bin/sh\necho "reboot by $(id -un)" >> {log}\n')
-    script.chmod(0o755)
-    config = dataclasses.replace(
-        SshConfig(),
-        reboot_command=str(script),
-        connect_timeout_s=5.0,
-        attempts=2,
-        retry_backoff_s=0.05,
-        retry_backoff_max_s=0.1,
-        reboot_delay_s=0.1,
-        reboot_wait_s=3.0,
-    )
-    ctx = fleet.app.ctx
-    directory = DbHostDirectory(db=ctx.db, keyring=ctx.keyring, clock=ctx.clock)
-    ctx.drivers.providers["ssh"] = SshProvider(config, directory)
-    return SshView(log=log)
-
-
 @pytest.mark.parametrize("kind", ["redfish", "ssh"])
 async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
     database_url: str, tmp_path: Path, kind: str, request: pytest.FixtureRequest
@@ -475,7 +254,15 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         sim_app(database_url, tmp_path, **SETTINGS) as fleet,
         httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
     ):
-        view = _redfish_through(fleet, peer) if kind == "redfish" else _ssh_through(fleet, tmp_path)
+        view: PeerView = (
+            RedfishView(journal=peer.peer.journal, systems={hostname: next(iter(SYSTEMS))})
+            if kind == "redfish"
+            else SshView(log=tmp_path / "reboots.log")
+        )
+        if kind == "redfish":
+            use_quick_redfish(fleet)
+        else:
+            use_logged_ssh_reboot(fleet, tmp_path / "reboots.log")
         room = MachineRoom(fleet, kind, view, http)
         fleet.loops.insert(0, room)  # type: ignore[arg-type]
         client = fleet.app.client
@@ -512,7 +299,7 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
             functools.partial(_ended, fleet, repair_id), ticks=60, seconds=5, what="reboot"
         )
         assert done["status"] == "succeeded", done
-        assert _restarted(view.seen(hostname, mark)), view.seen(hostname, mark)
+        assert restarted(view.seen(hostname, mark)), view.seen(hostname, mark)
         after = await fleet.node(node["id"])
         assert after["state"] == "in_service" and after["boot_id"] != before, after
         texts = [str(done), str(after), *(str(e) for e in await fleet.events(cid, "repair.step"))]
