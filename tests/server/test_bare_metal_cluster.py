@@ -40,9 +40,10 @@ from gpufleet.testing.machine_room import (
     SshView,
     restarted,
     use_logged_ssh_reboot,
+    use_quick_ipmi,
     use_quick_redfish,
 )
-from providers.ipmi.ipmi_lab import BMC_PASSWORD, BMC_USER, IpmiSim, require_tools
+from providers.ipmi.ipmi_lab import BMC_PASSWORD, BMC_USER, IpmiSim, free_udp_port, require_tools
 from providers.peers import PeerHost, redfish_peer, ssh_peer
 from providers.redfish.redfish_fakes import SYSTEMS
 
@@ -304,6 +305,72 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         assert after["state"] == "in_service" and after["boot_id"] != before, after
         texts = [str(done), str(after), *(str(e) for e in await fleet.events(cid, "repair.step"))]
         assert not [t for t in texts if any(secret in t for secret in peer.secrets())]
+
+
+WRONG_PASSWORD = "not-the-Bmc-pw-41"  # IPMI passwords are 20 bytes at most
+
+
+@pytest.mark.parametrize("case", ["never-back", "wrong-password", "no-bmc"])
+async def test_a_repair_that_cannot_finish_fails_with_what_to_do(
+    database_url: str,
+    tmp_path: Path,
+    bmcs: dict[str, IpmiSim],
+    case: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    policy = {"breaker_max_share": 1.0}
+    async with (
+        sim_app(database_url, tmp_path, policy=policy, **SETTINGS) as fleet,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
+    ):
+        for bmc in bmcs.values():
+            bmc.set_power(True)
+        use_quick_ipmi(fleet)
+        room = MachineRoom(fleet, "ipmi", IpmiView(bmcs), http)
+        fleet.loops.insert(0, room)  # type: ignore[arg-type]
+        cid = (await _metal_cluster(fleet, bmcs))["id"]
+        room.enroll_token = await _issue_enroll_token(fleet, cid)
+        await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=20, what="ready")
+        nodes = {n["hostname"]: n for n in (await _nodes(fleet, cid)).values()}
+        client = fleet.app.client
+        if case == "never-back":
+            room.dead.add("gpu-a")
+        elif case == "wrong-password":
+            changed = await put_credential(client, "bmc", secret=WRONG_PASSWORD, username=BMC_USER)
+            assert changed.status_code == 200, changed.text
+        else:  # the BMC's address now leads nowhere: nobody listens there
+            row = {"hostname": "gpu-a", "bmc_type": "ipmi", "bmc_address": "127.0.0.1",
+                   "port": free_udp_port(), "credential": "bmc", "cluster": "metal"}  # fmt: skip
+            assert (await import_hosts(client, [row])).status_code == 200
+
+        view = IpmiView(bmcs)
+        mark = view.mark()
+        fleet.world.inject_fault(room.sim_id("gpu-a"), signature_id="xid-79")
+        node_id = nodes["gpu-a"]["id"]
+        repair = await fleet.until(lambda: fleet.proposed_for(node_id), what="proposal")
+        repair_id = str(repair["id"])
+        approved = await client.post(f"/api/v1/repairs/{repair_id}/approve", json={})
+        assert approved.status_code == 200, approved.text
+        done = await fleet.until(
+            functools.partial(_ended, fleet, repair_id), ticks=60, seconds=10, what="the end"
+        )
+        assert done["status"] == "failed", done
+        detail = done["detail"]
+        if case == "never-back":
+            assert restarted(view.seen("gpu-a", mark))  # asked, and the BMC took it
+            assert detail.startswith("machine not back 300 s after reboot (ipmi, host gpu-a)")
+            assert "still reports boot id" in detail, detail
+        else:
+            assert detail.startswith("reboot failed: ipmi: host gpu-a"), detail
+            what = "refused the credentials" if case == "wrong-password" else "no answer"
+            assert what in detail, detail
+            assert not restarted(view.seen("gpu-a", mark))
+        assert (await fleet.node(node_id))["state"] != "in_service"  # never on a failure
+        assert (await fleet.node(nodes["gpu-b"]["id"]))["state"] == "in_service"
+        events = await fleet.get("/api/v1/events", cluster=cid, limit=1000)
+        text = f"{done} {events} {caplog.text}"
+        assert WRONG_PASSWORD not in text and BMC_PASSWORD not in text
 
 
 async def _enroll(http: httpx.AsyncClient, token: str, hostname: str) -> httpx.Response:

@@ -10,7 +10,8 @@ the peer saw (a ``PeerView``), makes the simulated machine do what the real one 
   named as the host boots, and its "install" enrolls with the cluster's enroll token
   through the real enroll API (``run_once``, a loop of the fleet), then runs the sim
   agent with the node token it got;
-- a reset the peer saw: the machine restarts (a new kernel boot id);
+- a reset the peer saw: the machine restarts (a new kernel boot id), unless the test
+  made it ``dead`` (a host that never comes back);
 - a PXE boot plus a reset: the machine is reinstalled (a new disk: it enrolls again);
 - a power off: the machine is gone.
 
@@ -33,6 +34,8 @@ from gpufleet.client.agent import enroll
 from gpufleet.client.errors import ApiError
 from gpufleet.core.agent_protocol import EnrollRequest
 from gpufleet.providers.base import Instance, ProvisionRequest
+from gpufleet.providers.ipmi.config import IpmiConfig
+from gpufleet.providers.ipmi.driver import IpmiProvider
 from gpufleet.providers.redfish.config import RedfishConfig
 from gpufleet.providers.redfish.driver import RedfishProvider
 from gpufleet.providers.sim.driver import SimProvider
@@ -130,6 +133,7 @@ class MachineRoom:
         self.enrollments: list[str] = []  # hostnames, in order
         self.refusals: list[str] = []
         self.calls: list[tuple[str, float]] = []  # (driver call, when it was entered)
+        self.dead: set[str] = set()  # hostnames whose machine never comes back from a reset
         sim = fleet.app.ctx.drivers.provider("sim")
         assert isinstance(sim, SimProvider)
         self.driver, self.sim = fleet.app.ctx.drivers.provider(kind), sim
@@ -154,7 +158,7 @@ class MachineRoom:
             name = self.hostnames[instance_id]
             mark = self.view.mark()
             await reboot(instance_id)
-            if restarted(self.view.seen(name, mark)):
+            if restarted(self.view.seen(name, mark)) and name not in self.dead:
                 await self.sim.reboot(self.machines[name].sim_id)
 
         async def on_reprovision(instance_id: str, *, user_data: dict[str, str]) -> Instance | None:
@@ -247,6 +251,17 @@ class MachineRoom:
 def _directory(fleet: SimFleet) -> DbHostDirectory:
     ctx = fleet.app.ctx
     return DbHostDirectory(db=ctx.db, keyring=ctx.keyring, clock=ctx.clock)
+
+
+def use_quick_ipmi(fleet: SimFleet) -> None:
+    """The server's ipmi driver over its own host directory, for ``ipmi_sim``: cipher suite
+    3 (it cannot list its suites) and short timeouts, so a BMC that does not answer fails
+    in about a second, not the production bound's minute."""
+    config = IpmiConfig(
+        cipher_suite=3, timeout_s=8.0, retries=1, retry_backoff_s=0.1, udp_timeout_s=1,
+        udp_retries=1,
+    )  # fmt: skip
+    fleet.app.ctx.drivers.providers["ipmi"] = IpmiProvider(config, _directory(fleet))
 
 
 def use_quick_redfish(fleet: SimFleet) -> None:

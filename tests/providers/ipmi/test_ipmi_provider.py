@@ -228,7 +228,7 @@ async def test_a_wrong_password_fails_at_once_naming_the_host(
         await provider.power_on("wrong-pw")
     assert refused.value.failure is Failure.AUTH
     message = str(refused.value)
-    assert message.startswith("ipmi: host wrong-pw (BMC 127.0.0.1:")
+    assert message.startswith("ipmi: host wrong-pw.lab (wrong-pw, BMC 127.0.0.1:")
     assert "refused the credentials of user 'gpufleet'" in message
     assert "fix the user name or password" in message
     assert len(spawned) == 1  # never retried
@@ -240,7 +240,7 @@ async def test_a_bmc_nobody_listens_on_fails_within_the_bound(
     with pytest.raises(IpmiError) as failed:
         await within(provider.power_state("nobody-home"), CONFIG.call_bound_s + 5)
     assert failed.value.failure is Failure.UNREACHABLE
-    assert str(failed.value).startswith("ipmi: host nobody-home (BMC 127.0.0.1:")
+    assert str(failed.value).startswith("ipmi: host nobody-home.lab (nobody-home, BMC 127.0.0.1:")
     assert "no answer from the BMC" in str(failed.value)
     assert "(tried 2 times)" in str(failed.value)
     assert len(spawned) == CONFIG.retries + 1
@@ -259,7 +259,7 @@ async def test_a_hung_bmc_times_out(
         await within(provider.reboot("hung"), config.call_bound_s + 5)
     assert failed.value.failure is Failure.TIMEOUT
     assert "timed out: no result within 1 s" in str(failed.value)
-    assert str(failed.value).startswith("ipmi: host hung (BMC 127.0.0.1:")
+    assert str(failed.value).startswith("ipmi: host hung.lab (hung, BMC 127.0.0.1:")
     assert silent_bmc.received > 0  # it was asked, and said nothing
     reach = await within(provider.check_reach("hung"), config.timeout_s + 5)
     assert (reach.reachable, reach.power) == (False, PowerState.UNKNOWN)
@@ -321,12 +321,12 @@ async def test_missing_ipmitool_or_credential_says_what_to_do(
 ) -> None:
     no_tool = IpmiProvider(IpmiConfig(ipmitool="/nonexistent/ipmitool"), directory)
     with pytest.raises(
-        DriverError, match=r"ipmi: host gpu-01 .* could not start .* install ipmitool"
+        DriverError, match=r"ipmi: host gpu-01.lab \(gpu-01, .* could not start .* install ipmitool"
     ):
         await no_tool.power_state("gpu-01")
     bare = ipmi_sim.access("bare")
     directory.add(dataclasses.replace(bare, credential=None))
-    with pytest.raises(DriverError, match=r"ipmi: host bare .* no BMC credential"):
+    with pytest.raises(DriverError, match=r"ipmi: host bare.lab \(bare, .* no BMC credential"):
         await IpmiProvider(CONFIG, directory).power_on("bare")
     with pytest.raises(DriverError, match=r"ipmi: host no-such-host: not in the host inventory"):
         await IpmiProvider(CONFIG, directory).reboot("no-such-host")

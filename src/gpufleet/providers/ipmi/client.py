@@ -70,7 +70,7 @@ class IpmitoolClient:
 
     def _where(self, access: HostAccess) -> str:
         port = access.port or self._config.default_port
-        return f"ipmi: host {access.host_id} (BMC {access.address}:{port})"
+        return f"ipmi: host {access.hostname} ({access.host_id}, BMC {access.address}:{port})"
 
     async def run(self, access: HostAccess, *command: str, retries: int | None = None) -> str:
         """Run one ipmitool command against the host's BMC; return what it printed.

@@ -242,7 +242,7 @@ class IpmiProvider:
         try:
             return parse_boot_flags(out)
         except ValueError as exc:
-            raise DriverError(f"ipmi: host {access.host_id}: boot flags: {exc}") from None
+            raise DriverError(f"ipmi: host {access.hostname}: boot flags: {exc}") from None
 
     # ------------------------------------------------------- SupportsReachCheck
 
@@ -291,7 +291,7 @@ class IpmiProvider:
         try:
             return parse_power_status(out)
         except ValueError as exc:
-            raise DriverError(f"ipmi: host {access.host_id}: power status: {exc}") from None
+            raise DriverError(f"ipmi: host {access.hostname}: power status: {exc}") from None
 
     async def _power_state(self, access: HostAccess) -> PowerState:
         async with self._locks[access.host_id]:
