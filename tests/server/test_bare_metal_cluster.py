@@ -279,7 +279,10 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         )  # fmt: skip
         assert created.status_code == 201, created.text
         cid = created.json()["id"]
-        imported = await import_hosts(client, [peer.row(cluster="metal", hostname=hostname)])
+        rows = [peer.row(cluster="metal", hostname=hostname)]
+        if kind == "ssh":  # a spare for the failover (the same sshd stands for it)
+            rows.append(peer.row(cluster="metal", hostname="gpu-s2", role="spare"))
+        imported = await import_hosts(client, rows)
         assert imported.status_code == 200, imported.text
         room.enroll_token = await _issue_enroll_token(fleet, cid)
         await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=20, what="ready")
@@ -303,7 +306,44 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         assert restarted(view.seen(hostname, mark)), view.seen(hostname, mark)
         after = await fleet.node(node["id"])
         assert after["state"] == "in_service" and after["boot_id"] != before, after
-        texts = [str(done), str(after), *(str(e) for e in await fleet.events(cid, "repair.step"))]
+
+        # Broken hardware now: the next recommendation climbs the ladder, past what the
+        # provider cannot do (SSH cannot reinstall: a failover onto the spare).
+        fleet.world.inject_fault(room.sim_id(hostname), signature_id="sxid-fatal", sticky=True)
+        second = await fleet.until(  # after the cooldown that follows a good repair
+            lambda: fleet.proposed_for(node["id"]), ticks=40, seconds=60, what="the next rung"
+        )
+        if kind == "redfish":
+            assert second["action"] == "reprovision", second["rule"]
+        else:
+            assert second["action"] == "failover", second["rule"]
+            assert "its provider cannot reprovision → failover" in second["rule"]
+            by_hand = await client.post(
+                f"/api/v1/nodes/{node['id']}/actions",
+                json={"action": "reprovision", "reason": "try a reinstall"},
+            )
+            assert by_hand.status_code == 422, by_hand.text
+            assert "cannot reprovision" in error_of(by_hand)["message"]
+        mark = view.mark()
+        second_id = str(second["id"])
+        approved = await client.post(f"/api/v1/repairs/{second_id}/approve", json={})
+        assert approved.status_code == 200, approved.text
+        last = await fleet.until(
+            functools.partial(_ended, fleet, second_id), ticks=60, seconds=5, what="next rung"
+        )
+        if kind == "redfish":  # PXE once and a restart; a new disk enrolled; the fault stays
+            assert last["status"] == "failed" and "seen again" in last["detail"], last
+            assert "boot Pxe" in view.seen(hostname, mark), view.seen(hostname, mark)
+            assert room.enrollments == [hostname, hostname]
+        else:  # the spare's agent enrolled as the node; the old host flagged
+            assert last["status"] == "succeeded", last
+            moved = await fleet.node(node["id"])
+            assert moved["state"] == "in_service" and moved["hostname"] == "gpu-s2", moved
+            assert room.enrollments == [hostname, "gpu-s2"]
+            hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+            assert hosts[hostname]["state"] == "out_of_service"
+        texts = [str(done), str(after), str(last)]
+        texts += [str(e) for e in await fleet.get("/api/v1/events", cluster=cid, limit=1000)]
         assert not [t for t in texts if any(secret in t for secret in peer.secrets())]
 
 
@@ -371,6 +411,52 @@ async def test_a_repair_that_cannot_finish_fails_with_what_to_do(
         events = await fleet.get("/api/v1/events", cluster=cid, limit=1000)
         text = f"{done} {events} {caplog.text}"
         assert WRONG_PASSWORD not in text and BMC_PASSWORD not in text
+
+
+async def test_a_failover_off_a_host_whose_bmc_is_dead_still_moves_the_node(
+    database_url: str, tmp_path: Path, bmcs: dict[str, IpmiSim]
+) -> None:
+    policy = {"breaker_max_share": 1.0}
+    async with (
+        sim_app(database_url, tmp_path, policy=policy, **SETTINGS) as fleet,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
+    ):
+        for bmc in bmcs.values():
+            bmc.set_power(True)
+        use_quick_ipmi(fleet)
+        room = MachineRoom(fleet, "ipmi", IpmiView(bmcs), http)
+        fleet.loops.insert(0, room)  # type: ignore[arg-type]
+        cid = (await _metal_cluster(fleet, bmcs))["id"]
+        room.enroll_token = await _issue_enroll_token(fleet, cid)
+        await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=20, what="ready")
+        node = next(n for n in (await _nodes(fleet, cid)).values() if n["hostname"] == "gpu-a")
+        client = fleet.app.client
+        # gpu-a's BMC is dead (nobody answers at its address): it cannot be powered off.
+        row = {"hostname": "gpu-a", "bmc_type": "ipmi", "bmc_address": "127.0.0.1",
+               "port": free_udp_port(), "credential": "bmc", "cluster": "metal"}  # fmt: skip
+        assert (await import_hosts(client, [row])).status_code == 200
+        started = await client.post(
+            f"/api/v1/nodes/{node['id']}/actions",
+            json={"action": "replace", "reason": "BMC gone, GPUs flapping"},
+        )
+        assert started.status_code == 200, started.text
+        repair_id = str(started.json()["repair"]["id"])
+        done = await fleet.until(
+            functools.partial(_ended, fleet, repair_id), ticks=40, seconds=5, what="failover"
+        )
+        assert done["status"] == "succeeded", done
+        said = [
+            e["message"]
+            for kind in ("repair.step", "repair.status")
+            for e in await fleet.events(cid, kind)
+        ]
+        assert any("not given back" in m for m in said), said
+        assert any("retire it by hand" in m for m in said), said
+        moved = await fleet.node(node["id"])
+        assert moved["state"] == "in_service" and moved["hostname"] == "gpu-c", moved
+        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        assert hosts["gpu-a"]["state"] == "out_of_service"  # never handed out again
+        assert hosts["gpu-c"]["node_id"] == node["id"]
 
 
 async def _enroll(http: httpx.AsyncClient, token: str, hostname: str) -> httpx.Response:

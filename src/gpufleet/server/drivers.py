@@ -8,9 +8,15 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpufleet.core.enums import ProviderKind
+from gpufleet.core.enums import ProviderKind, RepairAction
 from gpufleet.core.errors import InvalidInput
-from gpufleet.providers.base import HostDirectory, Provider
+from gpufleet.providers.base import (
+    HostDirectory,
+    Provider,
+    SupportsGpuReset,
+    SupportsReboot,
+    SupportsReprovision,
+)
 from gpufleet.providers.ipmi.config import IpmiConfig
 from gpufleet.providers.ipmi.driver import IpmiProvider
 from gpufleet.providers.redfish.config import RedfishConfig
@@ -45,6 +51,22 @@ class DriverRegistry:
         if per_cluster is not None:
             return per_cluster.for_cluster(cluster)
         return self.provider(cluster.provider)
+
+    def unsupported_actions(self, cluster: ClusterRow) -> frozenset[RepairAction]:
+        """The repair actions ``cluster``'s provider cannot take (SSH cannot reinstall, a
+        BMC cannot reset one GPU): never recommended, refused when asked by hand. Every
+        provider can fail over and remove. Empty for a provider this server lacks (the
+        acting step says so)."""
+        try:
+            provider = self.provider_for(cluster)
+        except InvalidInput:
+            return frozenset()
+        able = {
+            RepairAction.RESET_GPU: isinstance(provider, SupportsGpuReset),
+            RepairAction.REBOOT: isinstance(provider, SupportsReboot),
+            RepairAction.REPROVISION: isinstance(provider, SupportsReprovision),
+        }
+        return frozenset(action for action, can in able.items() if not can)
 
     def check_provider(self, kind: str) -> None:
         """Raise ``InvalidInput`` unless this server can drive a cluster on ``kind``."""

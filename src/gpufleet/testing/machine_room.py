@@ -85,7 +85,8 @@ class IpmiView:
 
 @dataclasses.dataclass
 class RedfishView:
-    journal: Path  # the emulator's: "<system uuid> reset GracefulRestart", "<uuid> power Off"
+    # The emulator's: "<uuid> reset GracefulRestart", "<uuid> power Off", "<uuid> boot Pxe".
+    journal: Path
     systems: dict[str, str]  # hostname -> its system's uuid
 
     def _lines(self) -> list[str]:
@@ -111,7 +112,10 @@ class SshView:
 
     def seen(self, hostname: str, mark: int) -> list[str]:
         del hostname  # one sshd stands for every host; the driver's calls come one at a time
-        return ["reset (reboot command)" for _ in self._lines()[mark:]]
+        return [
+            "power Off" if line.startswith("poweroff") else "reset (reboot command)"
+            for line in self._lines()[mark:]
+        ]
 
 
 def restarted(seen: list[str]) -> bool:
@@ -168,7 +172,7 @@ class MachineRoom:
             mark = self.view.mark()
             moved: Instance | None = await reprovision(instance_id, user_data=user_data)
             seen = self.view.seen(name, mark)
-            if "boot pxe" in seen and restarted(seen):
+            if "boot pxe" in {t.lower() for t in seen} and restarted(seen):
                 machine = self.machines[name]
                 # A new disk: the install runs again, without the old node token.
                 await self.sim.reprovision(machine.sim_id, user_data=self._user_data(None))
@@ -274,14 +278,19 @@ def use_quick_redfish(fleet: SimFleet) -> None:
 
 
 def use_logged_ssh_reboot(fleet: SimFleet, log: Path) -> None:
-    """The server's ssh driver over its own host directory, with a reboot command that
-    writes its line to ``log`` on the sshd side (a test user cannot reboot the host)."""
+    """The server's ssh driver over its own host directory, with reboot and poweroff
+    commands that write their line to ``log`` on the sshd side (a test user can do
+    neither)."""
     script = log.with_suffix(".sh")
     script.write_text(f'#!/bin/sh\necho "reboot by $(id -un)" >> {log}\n')
     script.chmod(0o755)
+    poweroff = log.with_name(log.stem + "-poweroff.sh")
+    poweroff.write_text(f'#!/bin/sh\necho "poweroff by $(id -un)" >> {log}\n')
+    poweroff.chmod(0o755)
     config = dataclasses.replace(
         SshConfig(),
         reboot_command=str(script),
+        poweroff_command=str(poweroff),
         connect_timeout_s=5.0,
         attempts=2,
         retry_backoff_s=0.05,

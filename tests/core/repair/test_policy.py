@@ -175,6 +175,7 @@ def facts(
     repairs: Sequence[RepairFact] = (),
     *,
     breaker_tripped: bool = False,
+    unsupported: frozenset[RepairAction] = frozenset(),
 ) -> ClusterFacts:
     return ClusterFacts(
         cluster_id="cluster-1",
@@ -182,6 +183,7 @@ def facts(
         findings=tuple(findings),
         repairs=tuple(repairs),
         breaker_tripped=breaker_tripped,
+        unsupported=unsupported,
     )
 
 
@@ -352,6 +354,21 @@ def test_ladder_raises_past_the_hosts_last_action(
         f"catalog xid-79 → reboot; ladder: host had {previous.value} ({status.value}) "
         f"2h ago → {expected.value}"
     )
+
+
+def test_the_ladder_climbs_past_what_the_provider_cannot_do() -> None:
+    n = node()
+    history = ended("r0", n, A.REBOOT, RepairStatus.FAILED, ago=2 * HOUR)
+    cannot = frozenset({A.REPROVISION, A.RESET_GPU})  # SSH: no reinstall, no GPU reset
+    propose = only_propose(run(facts([n], [finding("f1", n)], [history], unsupported=cannot)))
+    assert propose.action is A.FAILOVER
+    assert propose.rule.endswith("→ reprovision; its provider cannot reprovision → failover")
+    # A GPU reset a BMC cannot do becomes a reboot; a removal is always possible.
+    gpu = only_propose(run(facts([n], [finding("f1", n, REMAP)], unsupported=cannot)))
+    assert gpu.action is A.REBOOT and "its provider cannot reset_gpu → reboot" in gpu.rule
+    everything = frozenset({A.RESET_GPU, A.REBOOT, A.REPROVISION, A.FAILOVER})
+    last = only_propose(run(facts([n], [finding("f1", n)], unsupported=everything)))
+    assert last.action is A.REMOVE
 
 
 def test_ladder_climbs_from_reset_gpu() -> None:

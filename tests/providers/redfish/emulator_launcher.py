@@ -3,10 +3,10 @@
 The fake driver applies each power change ``random.randint(1, 11)`` seconds after it is
 asked for ("hardware actions are not immediate"); tests cannot wait that long. This
 launcher replaces that draw with ``GPUFLEET_TEST_SUSHY_DELAY_S`` (default 0: a change is
-seen on the next read), and journals every power state the fake driver stores and every
-reset it is asked for to ``GPUFLEET_TEST_SUSHY_JOURNAL`` (one line each: ``<uuid> <word>
-<value>``), so a test sees the machine go Off and back On even when both happen within
-one request. Run as ``python -m`` with sushy-emulator's own arguments.
+seen on the next read), and journals every power state the fake driver stores, every
+reset it is asked for and every boot device set to ``GPUFLEET_TEST_SUSHY_JOURNAL`` (one
+line each: ``<uuid> <word> <value>``), so a test sees the machine go Off and back On
+even when both happen within one request. Run as ``python -m`` with sushy-emulator's own arguments.
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ _set_power_state = fakedriver.FakeDriver.set_power_state
 
 def _journaled_update(self: Any, system: Any, **changes: Any) -> None:
     _update(self, system, **changes)
+    stored = self._get(system) if isinstance(system, str) else system
     if "power_state" in changes:
-        stored = self._get(system) if isinstance(system, str) else system
         _journal(f"{stored['uuid']} power {changes['power_state']}")
+    if "boot_device" in changes:  # a boot override: "Pxe" before a reprovision's restart
+        _journal(f"{stored['uuid']} boot {changes['boot_device']}")
 
 
 def _journaled_set_power_state(self: Any, identity: str, state: str) -> None:

@@ -96,7 +96,8 @@ class Emulator:
         return f"127.0.0.1:{self.port}"
 
     def events(self, uuid: str) -> list[str]:
-        """``reset <type>`` and ``power <state>`` lines of one system, oldest first."""
+        """``reset <type>``, ``power <state>`` and ``boot <device>`` lines of one system,
+        oldest first."""
         if not self.journal.exists():
             return []
         lines = self.journal.read_text().splitlines()

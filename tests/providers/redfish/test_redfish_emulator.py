@@ -113,7 +113,10 @@ async def test_reprovision_sets_a_one_time_pxe_boot_then_restarts(emulator: Emul
     assert boot["BootSourceOverrideTarget"] == "Pxe"
     assert boot["BootSourceOverrideMode"] == "UEFI"
     # sushy-emulator stores only the target and shows "Continuous" whatever was asked.
-    assert emulator.events(UUIDS[2]) == ["reset GracefulRestart", "power Off", "power On"]
+    # The boot override first, then the restart: the order a PXE install needs.
+    assert emulator.events(UUIDS[2]) == [
+        "boot Pxe", "reset GracefulRestart", "power Off", "power On",
+    ]  # fmt: skip
 
 
 async def test_provision_claims_a_spare_powers_it_on_and_is_idempotent(

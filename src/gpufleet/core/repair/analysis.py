@@ -11,6 +11,7 @@ from gpufleet.core.enums import NodeState, RepairAction, RepairStatus, severity_
 from gpufleet.core.repair.ladder import (
     format_duration,
     ladder_step,
+    next_rung,
     rank,
     seconds_between,
 )
@@ -146,8 +147,11 @@ def analyse_node(
     catalog: Catalog,
     config: PolicyConfig,
     now: dt.datetime,
+    unsupported: frozenset[RepairAction] = frozenset(),
 ) -> NodeAnalysis | None:
-    """The node's final action and the rule behind it, or ``None`` when nothing counts."""
+    """The node's final action and the rule behind it, or ``None`` when nothing counts.
+    An action in ``unsupported`` (the cluster's provider cannot take it) climbs to the
+    next rung it can take; ``remove`` always can."""
     if node.state in IGNORED_NODE_STATES:
         return None
     dismissed = _dismissed(node, repairs)
@@ -173,5 +177,9 @@ def analyse_node(
             f" {ago} ago → {step.action.value}"
         )
         action = step.action
+    while action in unsupported and action is not RepairAction.REMOVE:
+        climbed = next_rung(action)
+        rule += f"; its provider cannot {action.value} → {climbed.value}"
+        action = climbed
     findings = tuple(sorted((c.finding for c in candidates), key=lambda f: (f.first_seen, f.id)))
     return NodeAnalysis(node=node, findings=findings, primary=primary, action=action, rule=rule)

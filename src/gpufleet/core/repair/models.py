@@ -179,6 +179,9 @@ class ClusterFacts:
     findings: tuple[FindingFact, ...]
     repairs: tuple[RepairFact, ...]
     breaker_tripped: bool = False
+    # Actions the cluster's provider cannot take (SSH cannot reinstall; a BMC cannot reset
+    # one GPU): a recommendation climbs past them to the next rung it can take.
+    unsupported: frozenset[RepairAction] = frozenset()
 
 
 # -- decisions -------------------------------------------------------------------------

@@ -106,6 +106,7 @@ class _Planner:
                 catalog=catalog,
                 config=config,
                 now=now,
+                unsupported=facts.unsupported,
             )
             if analysis is not None:
                 self.analyses[node.id] = analysis

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Depends, Request, status
 
 from gpufleet.core.agent_protocol import EnrollAck, EnrollRequest
 from gpufleet.core.models import EnrollTokenRequest, IssuedEnrollToken
@@ -15,6 +15,15 @@ from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.enrollment import enroll, enroll_token_hash, issue_enroll_token
 
 router = APIRouter(tags=["enrollment"])
+
+
+async def enroll_token(request: Request) -> str:
+    """The enroll token's hash, from the header alone: a caller without one is refused
+    before the body is read, and learns nothing of it."""
+    return enroll_token_hash(bearer_token(request))
+
+
+EnrollToken = Annotated[str, Depends(enroll_token)]
 
 
 @router.post("/clusters/{cluster_id}/enroll-token", status_code=status.HTTP_201_CREATED)
@@ -32,10 +41,11 @@ async def issue_token(
 
 
 @router.post("/agent/enroll", status_code=status.HTTP_201_CREATED)
-async def enroll_agent(body: EnrollRequest, request: Request, ctx: CtxDep) -> EnrollAck:
+async def enroll_agent(
+    token_hash: EnrollToken, body: EnrollRequest, request: Request, ctx: CtxDep
+) -> EnrollAck:
     """A bare-metal machine's agent, with its cluster's enroll token as the bearer, gets
     the token of the node waiting for its host (shown once)."""
-    token_hash = enroll_token_hash(bearer_token(request))
     return await enroll(
         ctx.db,
         token_hash=token_hash,

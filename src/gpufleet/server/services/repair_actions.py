@@ -12,7 +12,7 @@ import datetime as dt
 from sqlalchemy import select
 
 from gpufleet.core.enums import EventKind, NodeState, RepairStatus
-from gpufleet.core.errors import Conflict
+from gpufleet.core.errors import Conflict, InvalidInput
 from gpufleet.core.holds import manual_hold
 from gpufleet.core.models import Breaker, Node, NodeAction, NodeActionResult, Repair
 from gpufleet.core.rbac import Permission
@@ -224,6 +224,12 @@ async def _manual_repair(
     if NodeState(node.state) not in _ACTIONABLE:
         raise Conflict(f"node {node.name} is {node.state}; nothing to {request.action.value}")
     action = REPAIR_NODE_ACTIONS[request.action]
+    if action in drivers.unsupported_actions(cluster):
+        raise InvalidInput(
+            f"cluster {cluster.name}'s provider {cluster.provider!r} cannot {action.value} a "
+            f"machine; choose another action (reboot, replace or remove where it can)",
+            field="action",
+        )
     jobs = await jobs_on_node(drivers, cluster=cluster, node=node)
     async with db.transaction() as session:
         cluster_row = await session.get(ClusterRow, cluster.id, with_for_update=True)

@@ -20,6 +20,8 @@ from sqlalchemy import select
 
 from gpufleet.core.enums import NodeState, RepairAction, RepairStatus
 from gpufleet.core.errors import DriverError, InvalidInput
+from gpufleet.core.ids import is_id
+from gpufleet.core.inventory import HostState
 from gpufleet.providers.base import (
     Instance,
     InstanceState,
@@ -29,10 +31,12 @@ from gpufleet.providers.base import (
     SupportsReboot,
     SupportsReprovision,
 )
-from gpufleet.server.db.tables import GpuRow, NodeRow
+from gpufleet.server.db.tables import GpuRow, HostRow, NodeRow
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
 from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
+from gpufleet.server.services.hosts import switch_host_state
 from gpufleet.server.workers.repairs.context import (
+    ACTOR,
     LoadedRepair,
     RepairContext,
     close_findings,
@@ -257,9 +261,21 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
     provider = ctx.provider(loaded)
     if loaded.progress.get("swapped_at"):
         old = loaded.progress.get("old_instance_id")
+        left = ""
         if isinstance(old, str):
-            await provider.terminate(old)
-        await _acted(ctx, loaded, f"failed over to machine {loaded.node.provider_instance_id}")
+            try:
+                await provider.terminate(old)
+            except DriverError as exc:
+                # The node already runs on its new machine: a broken host whose BMC is
+                # dead must not hold it back. The old one is flagged, never handed out.
+                await _flag_for_service(ctx, loaded, old, why=exc.message)
+                left = (
+                    f"; the old machine {old} was not given back ({exc.message}): power it "
+                    "off and retire it by hand"
+                )
+        await _acted(
+            ctx, loaded, f"failed over to machine {loaded.node.provider_instance_id}{left}"
+        )
         return
     if not await _requested(ctx, loaded):
         return
@@ -307,6 +323,25 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
     else:
         ctx.failpoints.hit("repair.acting.after_call")
         await _swap(ctx, loaded, instance, token_hash=token_hash)
+
+
+async def _flag_for_service(
+    ctx: RepairContext, loaded: LoadedRepair, host_id: str, *, why: str
+) -> None:
+    """The old machine of a failover could not be given back: where it is a host of the
+    inventory, take it out of service so no provisioning or failover claims it again."""
+    async with ctx.locked(loaded) as tx:
+        if tx is None:
+            return
+        host = await tx.session.get(HostRow, host_id) if is_id(host_id) else None
+        if host is not None and HostState(host.state) is not HostState.OUT_OF_SERVICE:
+            switch_host_state(
+                tx.session, host=host, target=HostState.OUT_OF_SERVICE, actor=ACTOR,
+                reason=f"repair {tx.repair.id}: replaced, but not powered off: {why}",
+                now=tx.now,
+            )  # fmt: skip
+            host.node_id = None
+        tx.step_event(f"old machine {host_id} not given back: {why}", {"old_instance_id": host_id})
 
 
 async def _swap(

@@ -158,6 +158,7 @@ class RepairPlanner(LoopService):
             findings=tuple(finding_fact(f) for f in findings if f.node_id in nodes),
             repairs=tuple(repair_fact(r) for r in repairs),
             breaker_tripped=cluster.repair_breaker_tripped_at is not None,
+            unsupported=self.drivers.unsupported_actions(cluster),
         )
         return facts, nodes
 
