@@ -67,7 +67,9 @@ def bmcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, IpmiSim
             bmc.stop()
 
 
-async def _metal_cluster(fleet: SimFleet, bmcs: dict[str, IpmiSim]) -> dict[str, Any]:
+async def _metal_cluster(
+    fleet: SimFleet, bmcs: dict[str, IpmiSim], *, spare: bool = True
+) -> dict[str, Any]:
     client = fleet.app.client
     stored = await put_credential(client, "bmc", secret=BMC_PASSWORD, username=BMC_USER)
     assert stored.status_code == 200, stored.text
@@ -96,11 +98,29 @@ async def _metal_cluster(fleet: SimFleet, bmcs: dict[str, IpmiSim]) -> dict[str,
             "role": "spare" if name == "gpu-c" else "member",
         }
         for name, bmc in bmcs.items()
+        if spare or name != "gpu-c"
     ]
     imported = await import_hosts(client, rows)
     assert imported.status_code == 200, imported.text
     cluster: dict[str, Any] = created.json()
     return cluster
+
+
+async def _ready_metal(
+    fleet: SimFleet, bmcs: dict[str, IpmiSim], http: httpx.AsyncClient, *, spare: bool = True
+) -> tuple[MachineRoom, str, dict[str, dict[str, Any]]]:
+    """A ready ipmi cluster behind quick-failing BMC calls: the room, the cluster id and
+    its nodes by hostname."""
+    for bmc in bmcs.values():
+        bmc.set_power(True)  # every machine on, whatever an earlier test left
+    use_quick_ipmi(fleet)
+    room = MachineRoom(fleet, "ipmi", IpmiView(bmcs), http)
+    fleet.loops.insert(0, room)  # type: ignore[arg-type]
+    cid = str((await _metal_cluster(fleet, bmcs, spare=spare))["id"])
+    room.enroll_token = await _issue_enroll_token(fleet, cid)
+    await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=20, what="ready")
+    nodes = {str(n["hostname"]): n for n in (await _nodes(fleet, cid)).values()}
+    return room, cid, nodes
 
 
 async def _issue_enroll_token(fleet: SimFleet, cluster_id: str) -> str:
@@ -364,15 +384,7 @@ async def test_a_repair_that_cannot_finish_fails_with_what_to_do(
         sim_app(database_url, tmp_path, policy=policy, **SETTINGS) as fleet,
         httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
     ):
-        for bmc in bmcs.values():
-            bmc.set_power(True)
-        use_quick_ipmi(fleet)
-        room = MachineRoom(fleet, "ipmi", IpmiView(bmcs), http)
-        fleet.loops.insert(0, room)  # type: ignore[arg-type]
-        cid = (await _metal_cluster(fleet, bmcs))["id"]
-        room.enroll_token = await _issue_enroll_token(fleet, cid)
-        await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=20, what="ready")
-        nodes = {n["hostname"]: n for n in (await _nodes(fleet, cid)).values()}
+        room, cid, nodes = await _ready_metal(fleet, bmcs, http)
         client = fleet.app.client
         if case == "never-back":
             room.dead.add("gpu-a")
@@ -421,15 +433,8 @@ async def test_a_failover_off_a_host_whose_bmc_is_dead_still_moves_the_node(
         sim_app(database_url, tmp_path, policy=policy, **SETTINGS) as fleet,
         httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
     ):
-        for bmc in bmcs.values():
-            bmc.set_power(True)
-        use_quick_ipmi(fleet)
-        room = MachineRoom(fleet, "ipmi", IpmiView(bmcs), http)
-        fleet.loops.insert(0, room)  # type: ignore[arg-type]
-        cid = (await _metal_cluster(fleet, bmcs))["id"]
-        room.enroll_token = await _issue_enroll_token(fleet, cid)
-        await fleet.until(lambda: fleet.status_is(cid, "ready"), ticks=20, what="ready")
-        node = next(n for n in (await _nodes(fleet, cid)).values() if n["hostname"] == "gpu-a")
+        _, cid, nodes = await _ready_metal(fleet, bmcs, http)
+        node = nodes["gpu-a"]
         client = fleet.app.client
         # gpu-a's BMC is dead (nobody answers at its address): it cannot be powered off.
         row = {"hostname": "gpu-a", "bmc_type": "ipmi", "bmc_address": "127.0.0.1",
@@ -457,6 +462,51 @@ async def test_a_failover_off_a_host_whose_bmc_is_dead_still_moves_the_node(
         hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
         assert hosts["gpu-a"]["state"] == "out_of_service"  # never handed out again
         assert hosts["gpu-c"]["node_id"] == node["id"]
+
+
+async def test_with_no_spare_the_failover_gives_up_and_the_ladder_removes_the_node(
+    database_url: str, tmp_path: Path, bmcs: dict[str, IpmiSim]
+) -> None:
+    policy = {"breaker_max_share": 1.0}
+    async with (
+        sim_app(database_url, tmp_path, policy=policy, **SETTINGS) as fleet,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
+    ):
+        room, _, nodes = await _ready_metal(fleet, bmcs, http, spare=False)
+        node_id = str(nodes["gpu-a"]["id"])
+        client = fleet.app.client
+        fleet.world.inject_fault(room.sim_id("gpu-a"), signature_id="sxid-fatal", sticky=True)
+        proposed = await fleet.until(lambda: fleet.proposed_for(node_id), what="proposal")
+        replace = await client.post(
+            f"/api/v1/nodes/{node_id}/actions",
+            json={"action": "replace", "reason": "NVSwitch fatal, straight to a new host"},
+        )
+        assert replace.status_code == 200, replace.text
+        failover_id = str(replace.json()["repair"]["id"])
+        assert failover_id != proposed["id"]  # the admin's action replaced the proposal
+        failed = await fleet.until(
+            functools.partial(_ended, fleet, failover_id), ticks=40, seconds=30, what="give up"
+        )
+        assert failed["status"] == "failed", failed
+        assert failed["detail"].startswith("no replacement machine 300 s after the failover")
+        assert "no spare host in the pool" in failed["detail"], failed["detail"]
+
+        mark = IpmiView(bmcs).mark()
+        removal = await fleet.until(lambda: fleet.proposed_for(node_id), what="the last rung")
+        assert removal["action"] == "remove", removal["rule"]
+        assert "ladder: host had failover (failed)" in removal["rule"], removal["rule"]
+        removal_id = str(removal["id"])
+        approved = await client.post(f"/api/v1/repairs/{removal_id}/approve", json={})
+        assert approved.status_code == 200, approved.text
+        done = await fleet.until(
+            functools.partial(_ended, fleet, removal_id), ticks=20, seconds=5, what="removal"
+        )
+        assert done["status"] == "succeeded", done
+        assert bmcs["gpu-a"].transitions_since(mark["gpu-a"]) == ["power 0"]
+        assert (await fleet.node(node_id))["state"] == "removed"
+        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        assert hosts["gpu-a"]["state"] == "out_of_service"
+        assert (await fleet.node(str(nodes["gpu-b"]["id"])))["state"] == "in_service"
 
 
 async def _enroll(http: httpx.AsyncClient, token: str, hostname: str) -> httpx.Response:

@@ -308,12 +308,29 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
             # timeout fails the repair and the ladder moves on).
             instance = await provider.provision(request)
         except DriverError as exc:
+            if _waited_s(ctx, loaded) > loaded.policy.verify_timeout_s:
+                # An empty spare pool or a cloud out of capacity: the ladder moves on.
+                await ctx.fail(
+                    loaded,
+                    f"no replacement machine {loaded.policy.verify_timeout_s:.0f} s after the "
+                    f"failover was asked: {exc.message}",
+                )
+                return
             await ctx.note(loaded, f"no replacement machine yet: {exc.message}")
             return
     if instance.state is InstanceState.FAILED:
         await provider.terminate(instance.instance_id)
         await ctx.fail(loaded, f"replacement machine failed to boot: {instance.error}")
     elif instance.state is not InstanceState.RUNNING:
+        if _waited_s(ctx, loaded) > loaded.policy.verify_timeout_s:
+            # Given back, so nothing half-started is left running (and billed).
+            await provider.terminate(instance.instance_id)
+            await ctx.fail(
+                loaded,
+                f"replacement machine {instance.instance_id} not running "
+                f"{loaded.policy.verify_timeout_s:.0f} s after the failover was asked",
+            )
+            return
         await ctx.note(
             loaded,
             f"waiting for replacement machine {instance.instance_id}",
@@ -323,6 +340,11 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
     else:
         ctx.failpoints.hit("repair.acting.after_call")
         await _swap(ctx, loaded, instance, token_hash=token_hash)
+
+
+def _waited_s(ctx: RepairContext, loaded: LoadedRepair) -> float:
+    requested = parse_ts(loaded.progress.get("requested_at"))
+    return 0.0 if requested is None else (ctx.clock.now() - requested).total_seconds()
 
 
 async def _flag_for_service(
