@@ -44,8 +44,8 @@ from gpufleet.testing.machine_room import (
     use_quick_redfish,
 )
 from providers.ipmi.ipmi_lab import BMC_PASSWORD, BMC_USER, IpmiSim, free_udp_port, require_tools
-from providers.peers import PeerHost, redfish_peer, ssh_peer
-from providers.redfish.redfish_fakes import SYSTEMS
+from providers.peers import PeerHost, ssh_peer
+from providers.redfish.redfish_fakes import PASSWORD, USER, start_emulator, stop_emulator
 
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")  # two members and one spare
 SETTINGS: dict[str, Any] = {"secret_key": KEY_A, "ipmi_cipher_suite": 3}
@@ -253,10 +253,28 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         assert (await fleet.node(node["id"]))["state"] == "in_service"  # gpu-c untouched
 
 
+REDFISH_SYSTEMS = {"gpu-r1": "22222222-0000-0000-0000-000000000001",
+                   "gpu-r2": "22222222-0000-0000-0000-000000000002"}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerHost]:
-    with redfish_peer(tmp_path_factory.mktemp("redfish")) as peer:
-        yield peer
+    """sushy-tools' emulator with two systems: a member and a spare."""
+    systems = [
+        {"uuid": uuid, "name": name, "power_state": "On", "nics": []}
+        for name, uuid in REDFISH_SYSTEMS.items()
+    ]
+    emulator = start_emulator(
+        tmp_path_factory.mktemp("redfish"), systems=systems, users={USER: PASSWORD}
+    )
+    try:
+        yield PeerHost(
+            hostname="gpu-r1", bmc_type="redfish", address=f"http://{emulator.address}",
+            port=None, credential="redfish-bmc", credential_kind="bmc_password",
+            username=USER, secret=PASSWORD, peer=emulator,
+        )  # fmt: skip
+    finally:
+        stop_emulator(emulator)
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +294,7 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         httpx.AsyncClient(transport=httpx.ASGITransport(app=fleet.app.app)) as http,
     ):
         view: PeerView = (
-            RedfishView(journal=peer.peer.journal, systems={hostname: next(iter(SYSTEMS))})
+            RedfishView(journal=peer.peer.journal, systems=REDFISH_SYSTEMS)
             if kind == "redfish"
             else SshView(log=tmp_path / "reboots.log")
         )
@@ -299,9 +317,18 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         )  # fmt: skip
         assert created.status_code == 201, created.text
         cid = created.json()["id"]
-        rows = [peer.row(cluster="metal", hostname=hostname)]
-        if kind == "ssh":  # a spare for the failover (the same sshd stands for it)
-            rows.append(peer.row(cluster="metal", hostname="gpu-s2", role="spare"))
+        spare = "gpu-r2" if kind == "redfish" else "gpu-s2"
+        if kind == "redfish":  # one emulator, a system each
+            rows = [
+                peer.row(cluster="metal", hostname=name, system_id=uuid,
+                         role="member" if name == hostname else "spare")
+                for name, uuid in REDFISH_SYSTEMS.items()
+            ]  # fmt: skip
+        else:  # the same sshd stands for the spare
+            rows = [
+                peer.row(cluster="metal", hostname=hostname),
+                peer.row(cluster="metal", hostname=spare, role="spare"),
+            ]
         imported = await import_hosts(client, rows)
         assert imported.status_code == 200, imported.text
         room.enroll_token = await _issue_enroll_token(fleet, cid)
@@ -355,13 +382,26 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
             assert last["status"] == "failed" and "seen again" in last["detail"], last
             assert "boot Pxe" in view.seen(hostname, mark), view.seen(hostname, mark)
             assert room.enrollments == [hostname, hostname]
-        else:  # the spare's agent enrolled as the node; the old host flagged
-            assert last["status"] == "succeeded", last
-            moved = await fleet.node(node["id"])
-            assert moved["state"] == "in_service" and moved["hostname"] == "gpu-s2", moved
-            assert room.enrollments == [hostname, "gpu-s2"]
-            hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
-            assert hosts[hostname]["state"] == "out_of_service"
+            third = await fleet.until(
+                lambda: fleet.proposed_for(node["id"]), ticks=20, what="the failover"
+            )
+            assert third["action"] == "failover", third["rule"]
+            mark = view.mark()
+            third_id = str(third["id"])
+            approved = await client.post(f"/api/v1/repairs/{third_id}/approve", json={})
+            assert approved.status_code == 200, approved.text
+            last = await fleet.until(
+                functools.partial(_ended, fleet, third_id), ticks=60, seconds=5, what="failover"
+            )
+            off = {"reset ForceOff", "power Off"}  # asked of the BMC; Off a moment later
+            assert off & set(view.seen(hostname, mark)), view.seen(hostname, mark)
+        # The spare's agent enrolled as the node; the old host flagged.
+        assert last["status"] == "succeeded", last
+        moved = await fleet.node(node["id"])
+        assert moved["state"] == "in_service" and moved["hostname"] == spare, moved
+        assert room.enrollments[-1] == spare, room.enrollments
+        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        assert hosts[hostname]["state"] == "out_of_service"
         texts = [str(done), str(after), str(last)]
         texts += [str(e) for e in await fleet.get("/api/v1/events", cluster=cid, limit=1000)]
         assert not [t for t in texts if any(secret in t for secret in peer.secrets())]

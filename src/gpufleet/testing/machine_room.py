@@ -118,6 +118,9 @@ class SshView:
         ]
 
 
+_POWER_OFF = {"power 0", "power Off", "reset ForceOff"}  # ipmi; Redfish (or asked of it)
+
+
 def restarted(seen: list[str]) -> bool:
     """The peer saw a reset (ipmi "reset 1", Redfish "reset ForceRestart", the reboot
     command on the sshd side)."""
@@ -184,7 +187,7 @@ class MachineRoom:
             name = self.hostnames.get(instance_id)
             mark = self.view.mark()
             await terminate(instance_id)
-            if name is not None and set(self.view.seen(name, mark)) & {"power 0", "power Off"}:
+            if name is not None and set(self.view.seen(name, mark)) & _POWER_OFF:
                 machine = self.machines.pop(name, None)
                 if machine is not None:
                     await self.sim.terminate(machine.sim_id)
