@@ -22,6 +22,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 from inventoryhelpers import KEY_A, put_credential
@@ -56,9 +57,17 @@ class UserDataBootstrap:
     instance of the cluster in moto becomes a simulated machine booted with the instance's
     own user data, read back from moto; a terminated instance's machine is turned off."""
 
-    def __init__(self, fleet: SimFleet, aws: Aws, cluster: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        fleet: SimFleet,
+        aws: Aws,
+        cluster: dict[str, Any],
+        recording: MotoRecording | None = None,
+    ) -> None:
         self.fleet, self.aws, self.cluster = fleet, aws, cluster
         self.machines: dict[str, str] = {}  # aws instance id → sim instance id
+        self.recording = recording  # moto's own request log: what EC2 was asked
+        self.reboots_followed = 0
 
     def instances(self) -> list[dict[str, Any]]:
         answer = self.aws.ec2.describe_instances(
@@ -102,12 +111,58 @@ class UserDataBootstrap:
                 self.machines[instance_id] = machine.instance_id
             elif state in ("shutting-down", "terminated") and instance_id in self.machines:
                 world.terminate(self.machines[instance_id])
+        if self.recording is not None:
+            # moto answers RebootInstances and changes nothing it shows; its request log
+            # is where the reboot shows: the instance's machine restarts (new boot id).
+            asked = self.recording.calls("RebootInstances")
+            for params in asked[self.reboots_followed :]:
+                for key, value in params.items():
+                    if key.startswith("InstanceId.") and value in self.machines:
+                        world.reboot(self.machines[value], plan=BootPlan((20.0, 20.0)))
+            self.reboots_followed = len(asked)
 
 
-async def _in_service(fleet: SimFleet, bootstrap: UserDataBootstrap) -> bool:
+class MotoRecording:
+    """moto's request recorder (``/moto-api/recorder``): every request the moto server
+    took, from the moment ``start`` is called, as written to ``path``."""
+
+    def __init__(self, endpoint: str, path: Path) -> None:
+        from moto.moto_api import recorder
+
+        # moto reads MOTO_RECORDER_FILEPATH once, at import; point its one recorder
+        # (this process's, the threaded server's) at the test's own file instead.
+        recorder._location = str(path)
+        self.endpoint, self.path = endpoint, path
+
+    def start(self) -> None:
+        import requests
+
+        requests.post(f"{self.endpoint}/moto-api/recorder/reset-recording", timeout=10)
+        requests.post(f"{self.endpoint}/moto-api/recorder/start-recording", timeout=10)
+
+    def stop(self) -> None:
+        import requests
+
+        requests.post(f"{self.endpoint}/moto-api/recorder/stop-recording", timeout=10)
+
+    def calls(self, action: str) -> list[dict[str, str]]:
+        """The query parameters of every recorded EC2 call of ``action``, in order."""
+        found: list[dict[str, str]] = []
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        for line in lines:
+            entry = json.loads(line)
+            body = entry.get("body") or ""
+            text = base64.b64decode(body).decode() if entry.get("body_encoded") else body
+            params = {k: v[0] for k, v in parse_qs(text).items()}
+            if params.get("Action") == action:
+                found.append(params)
+        return found
+
+
+async def _in_service(fleet: SimFleet, bootstrap: UserDataBootstrap, *, size: int = 2) -> bool:
     await bootstrap.sync()
     nodes = await fleet.nodes_of(fleet.cluster_id)
-    return len(nodes) == 2 and all(n["state"] == "in_service" for n in nodes.values())
+    return len(nodes) == size and all(n["state"] == "in_service" for n in nodes.values())
 
 
 async def test_an_aws_cluster_is_provisioned_in_moto_failed_over_and_reprovisioned(
@@ -224,3 +279,86 @@ async def test_an_aws_cluster_is_provisioned_in_moto_failed_over_and_reprovision
     for text in texts:
         assert SECRET_KEY not in text and ACCESS_KEY not in text
     assert SECRET_KEY not in caplog.text
+
+
+async def test_xid_79_reboots_an_aws_instance_and_a_sticky_fault_relaunches_it(
+    database_url: str, tmp_path: Path, moto: tuple[str, Any, Any]
+) -> None:
+    endpoint, ec2, asg = moto
+    aws = seed(endpoint, ec2, asg, desired=0)
+    recording = MotoRecording(endpoint, tmp_path / "moto-recording.jsonl")
+    async with sim_app(database_url, tmp_path, secret_key=KEY_A) as fleet:
+        app = fleet.app
+        app.ctx.drivers.per_cluster["aws"] = AwsProviders(
+            db=app.ctx.db, keyring=app.ctx.keyring, settings=FAST_AWS
+        )
+        stored = await put_credential(
+            app.client, "aws-lab", secret=f"{ACCESS_KEY}:{SECRET_KEY}", kind="aws_key",
+            username=None,
+        )  # fmt: skip
+        assert stored.status_code == 200, stored.text
+        config = {
+            "region": REGION, "endpoint_url": endpoint, "credential": "aws-lab",
+            "auto_scaling_group": GROUP, "launch_template_name": TEMPLATE,
+            "launch_template_version": "$Latest",
+        }  # fmt: skip
+        created = await app.client.post(
+            "/api/v1/clusters",
+            json={"project": "ml", "name": "cloud", "size": 1, "acceptance_tests": False,
+                  "provider": "aws", "provider_config": config},
+        )  # fmt: skip
+        assert created.status_code == 201, created.text
+        fleet.cluster = created.json()
+        bootstrap = UserDataBootstrap(fleet, aws, fleet.cluster, recording)
+        await fleet.until(lambda: _in_service(fleet, bootstrap, size=1), ticks=30, what="up")
+        (node,) = (await fleet.nodes_of(fleet.cluster_id)).values()
+        first = node["provider_instance_id"]
+        recording.start()
+
+        async def proposal() -> dict[str, Any] | None:
+            await bootstrap.sync()
+            return await fleet.proposed_for(node["id"])
+
+        async def approve_and_end(repair: dict[str, Any]) -> dict[str, Any]:
+            approved = await app.client.post(f"/api/v1/repairs/{repair['id']}/approve", json={})
+            assert approved.status_code == 200, approved.text
+
+            async def ended() -> dict[str, Any] | None:
+                await bootstrap.sync()
+                found = await fleet.repair(repair["id"])
+                return found if found["status"] in ("succeeded", "failed") else None
+
+            done: dict[str, Any] = await fleet.until(ended, ticks=60, seconds=5, what="the end")
+            return done
+
+        try:
+            # Xid 79: a reboot through EC2; moto's log shows RebootInstances for it.
+            fleet.world.inject_fault(bootstrap.machines[first], signature_id="xid-79")
+            repair = await fleet.until(proposal, what="the reboot proposal")
+            assert repair["action"] == "reboot", repair["rule"]
+            before = (await fleet.node(node["id"]))["boot_id"]
+            done = await approve_and_end(repair)
+            assert done["status"] == "succeeded", done
+            asked = recording.calls("RebootInstances")
+            assert [p["InstanceId.1"] for p in asked] == [first], asked
+            after = await fleet.node(node["id"])
+            assert after["state"] == "in_service" and after["boot_id"] != before, after
+
+            # Broken hardware: it comes back after the reboot; the ladder relaunches the
+            # node on a new instance (EC2 has no reinstall in place), where it is gone.
+            machine = bootstrap.machines[first]
+            fleet.world.inject_fault(machine, signature_id="sxid-fatal", sticky=True)
+            climbed = await fleet.until(
+                proposal, ticks=40, seconds=60, what="the next rung (after the cooldown)"
+            )
+            assert climbed["action"] == "reprovision", climbed["rule"]
+            done = await approve_and_end(climbed)
+            assert done["status"] == "succeeded", done
+            moved = await fleet.node(node["id"])
+            assert moved["provider_instance_id"] not in (None, first), moved
+            assert moved["state"] == "in_service", moved
+            assert aws.state(first) in ("shutting-down", "terminated")
+            assert aws.members() == {moved["provider_instance_id"]: "InService"}
+            assert recording.calls("RunInstances"), "the relaunch went through EC2"
+        finally:
+            recording.stop()
