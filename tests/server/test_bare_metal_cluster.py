@@ -184,9 +184,27 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         assert again.value.status == 409 and "already enrolled" in again.value.message
         assert all(bmc.transitions_since(marks[n]) == [] for n, bmc in bmcs.items())  # all on
 
+        # Xid 79 on gpu-b: a reboot the BMC saw, a new boot id, back in service.
+        fleet.nodes = nodes
+        b_node = next(n for n in nodes.values() if n["hostname"] == "gpu-b")
+        fleet.world.inject_fault(room.sim_id("gpu-b"), signature_id="xid-79")
+        xid = await fleet.until(lambda: fleet.proposed_for(b_node["id"]), what="xid-79 proposal")
+        assert xid["action"] == "reboot", xid["rule"]
+        b_mark = bmcs["gpu-b"].mark()
+        approved = await fleet.app.client.post(
+            f"/api/v1/repairs/{xid['id']}/approve", json={"reason": "GPU fell off the bus"}
+        )
+        assert approved.status_code == 200, approved.text
+        rebooted = await fleet.until(
+            functools.partial(_ended, fleet, str(xid["id"])), ticks=60, seconds=5, what="reboot"
+        )
+        assert rebooted["status"] == "succeeded", rebooted
+        assert bmcs["gpu-b"].transitions_since(b_mark) == ["reset 1"]
+        b_after = await fleet.node(b_node["id"])
+        assert b_after["state"] == "in_service" and b_after["boot_id"] != b_node["boot_id"]
+
         # Broken hardware on gpu-a: the fault comes back after every reboot and reinstall.
         node = next(n for n in nodes.values() if n["hostname"] == "gpu-a")
-        fleet.nodes = nodes
         fleet.world.inject_fault(room.sim_id("gpu-a"), signature_id="sxid-fatal", sticky=True)
         seen: dict[str, list[str]] = {}
         for expected in ("reboot", "reprovision", "failover"):
@@ -220,7 +238,7 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         assert "gpu-a: reset 1" in seen["reboot"], seen
         assert {"gpu-a: boot pxe", "gpu-a: reset 1"} <= set(seen["reprovision"]), seen
         assert "gpu-a: power 0" in seen["failover"], seen
-        assert not any(t.startswith("gpu-b") for ts in seen.values() for t in ts), seen
+        assert not any(t.startswith("gpu-b") for ts in seen.values() for t in ts), seen  # untouched
         # gpu-a enrolled again after its reinstall; gpu-c as the node it took over.
         assert room.enrollments[2:] == ["gpu-a", "gpu-c"], room.enrollments
 
