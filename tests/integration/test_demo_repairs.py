@@ -32,9 +32,11 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         args=["demo", "--port", str(port), "--data-dir", str(tmp_path / "demo")],
         env={
             "GPUFLEET_DATABASE_URL": "",
-            # Faults come faster than in the demo, so the test needs no inject; no jobs
-            # and no broken hardware, so the first repair is quick and fixes the node.
-            "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "10",
+            # Faults come faster than in the demo, so the test needs no inject: ~2.7 a
+            # minute over the 128 GPUs (at 10 a GPU-day, ~0.9: several minutes' wait for
+            # one that makes a non-removal repair, up to the deadline when unlucky). No
+            # jobs and no broken hardware, so the first repair is quick and fixes the node.
+            "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "30",
             # The check tools 1,000× faster than real (the demo's own: 100×).
             "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.001",
             "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
