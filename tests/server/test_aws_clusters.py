@@ -159,6 +159,35 @@ class MotoRecording:
         return found
 
 
+async def _cloud_cluster(
+    fleet: SimFleet, endpoint: str, *, size: int, tags: dict[str, str] | None = None
+) -> None:
+    """The aws cluster ``cloud`` of ``size`` nodes in project ml, on moto at ``endpoint``,
+    with its key stored sealed; the server's AWS driver polls quickly (moto answers at
+    once). Sets ``fleet.cluster``."""
+    app = fleet.app
+    app.ctx.drivers.per_cluster["aws"] = AwsProviders(
+        db=app.ctx.db, keyring=app.ctx.keyring, settings=FAST_AWS
+    )
+    stored = await put_credential(
+        app.client, "aws-lab", secret=f"{ACCESS_KEY}:{SECRET_KEY}", kind="aws_key",
+        username=None,
+    )  # fmt: skip
+    assert stored.status_code == 200, stored.text
+    config = {
+        "region": REGION, "endpoint_url": endpoint, "credential": "aws-lab",
+        "auto_scaling_group": GROUP, "launch_template_name": TEMPLATE,
+        "launch_template_version": "$Latest", "tags": tags or {},
+    }  # fmt: skip
+    created = await app.client.post(
+        "/api/v1/clusters",
+        json={"project": "ml", "name": "cloud", "size": size, "acceptance_tests": False,
+              "provider": "aws", "provider_config": config},
+    )  # fmt: skip
+    assert created.status_code == 201, created.text
+    fleet.cluster = created.json()
+
+
 async def _in_service(fleet: SimFleet, bootstrap: UserDataBootstrap, *, size: int = 2) -> bool:
     await bootstrap.sync()
     nodes = await fleet.nodes_of(fleet.cluster_id)
@@ -177,28 +206,7 @@ async def test_an_aws_cluster_is_provisioned_in_moto_failed_over_and_reprovision
     texts: list[str] = []
     async with sim_app(database_url, tmp_path, secret_key=KEY_A) as fleet:
         app = fleet.app
-        app.ctx.drivers.per_cluster["aws"] = AwsProviders(
-            db=app.ctx.db, keyring=app.ctx.keyring, settings=FAST_AWS
-        )
-        stored = await put_credential(
-            app.client, "aws-lab", secret=f"{ACCESS_KEY}:{SECRET_KEY}", kind="aws_key",
-            username=None,
-        )  # fmt: skip
-        assert stored.status_code == 200, stored.text
-        config = {
-            "region": REGION, "endpoint_url": endpoint, "credential": "aws-lab",
-            "auto_scaling_group": GROUP, "launch_template_name": TEMPLATE,
-            "launch_template_version": "$Latest", "tags": {"team": "ml"},
-        }  # fmt: skip
-        created = await app.client.post(
-            "/api/v1/clusters",
-            json={
-                "project": "ml", "name": "cloud", "size": 2, "acceptance_tests": False,
-                "provider": "aws", "provider_config": config,
-            },
-        )  # fmt: skip
-        assert created.status_code == 201, created.text
-        fleet.cluster = created.json()
+        await _cloud_cluster(fleet, endpoint, size=2, tags={"team": "ml"})
         bootstrap = UserDataBootstrap(fleet, aws, fleet.cluster)
         await fleet.until(lambda: _in_service(fleet, bootstrap), ticks=30, what="in service")
         assert (await fleet.status_is(fleet.cluster_id, "ready")) is not None
@@ -289,26 +297,7 @@ async def test_xid_79_reboots_an_aws_instance_and_a_sticky_fault_relaunches_it(
     recording = MotoRecording(endpoint, tmp_path / "moto-recording.jsonl")
     async with sim_app(database_url, tmp_path, secret_key=KEY_A) as fleet:
         app = fleet.app
-        app.ctx.drivers.per_cluster["aws"] = AwsProviders(
-            db=app.ctx.db, keyring=app.ctx.keyring, settings=FAST_AWS
-        )
-        stored = await put_credential(
-            app.client, "aws-lab", secret=f"{ACCESS_KEY}:{SECRET_KEY}", kind="aws_key",
-            username=None,
-        )  # fmt: skip
-        assert stored.status_code == 200, stored.text
-        config = {
-            "region": REGION, "endpoint_url": endpoint, "credential": "aws-lab",
-            "auto_scaling_group": GROUP, "launch_template_name": TEMPLATE,
-            "launch_template_version": "$Latest",
-        }  # fmt: skip
-        created = await app.client.post(
-            "/api/v1/clusters",
-            json={"project": "ml", "name": "cloud", "size": 1, "acceptance_tests": False,
-                  "provider": "aws", "provider_config": config},
-        )  # fmt: skip
-        assert created.status_code == 201, created.text
-        fleet.cluster = created.json()
+        await _cloud_cluster(fleet, endpoint, size=1)
         bootstrap = UserDataBootstrap(fleet, aws, fleet.cluster, recording)
         await fleet.until(lambda: _in_service(fleet, bootstrap, size=1), ticks=30, what="up")
         (node,) = (await fleet.nodes_of(fleet.cluster_id)).values()

@@ -137,6 +137,39 @@ async def _nodes(fleet: SimFleet, cluster_id: str) -> dict[str, dict[str, Any]]:
     return await fleet.nodes_of(cluster_id)
 
 
+async def _hosts(fleet: SimFleet) -> dict[str, dict[str, Any]]:
+    """Project ml's hosts by hostname."""
+    return {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+
+
+async def _act(fleet: SimFleet, node_id: str, action: str, reason: str) -> str:
+    """An admin's node action that starts an approved repair; returns the repair's id."""
+    started = await fleet.app.client.post(
+        f"/api/v1/nodes/{node_id}/actions", json={"action": action, "reason": reason}
+    )
+    assert started.status_code == 200, started.text
+    return str(started.json()["repair"]["id"])
+
+
+async def _end(
+    fleet: SimFleet, repair_id: str, *, ticks: int, seconds: float, what: str
+) -> dict[str, Any]:
+    """Tick until the repair succeeded or failed; the repair then."""
+    ended: dict[str, Any] = await fleet.until(
+        functools.partial(_ended, fleet, repair_id), ticks=ticks, seconds=seconds, what=what
+    )
+    return ended
+
+
+async def _approve_and_end(
+    fleet: SimFleet, repair_id: str, *, reason: str = "", ticks: int, seconds: float, what: str
+) -> dict[str, Any]:
+    body = {"reason": reason} if reason else {}
+    approved = await fleet.app.client.post(f"/api/v1/repairs/{repair_id}/approve", json=body)
+    assert approved.status_code == 200, approved.text
+    return await _end(fleet, repair_id, ticks=ticks, seconds=seconds, what=what)
+
+
 async def _ended(fleet: SimFleet, repair_id: str) -> dict[str, Any] | None:
     repair = await fleet.repair(repair_id)
     return repair if repair["status"] in ("succeeded", "failed") else None
@@ -191,12 +224,8 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         xid = await fleet.until(lambda: fleet.proposed_for(b_node["id"]), what="xid-79 proposal")
         assert xid["action"] == "reboot", xid["rule"]
         b_mark = bmcs["gpu-b"].mark()
-        approved = await fleet.app.client.post(
-            f"/api/v1/repairs/{xid['id']}/approve", json={"reason": "GPU fell off the bus"}
-        )
-        assert approved.status_code == 200, approved.text
-        rebooted = await fleet.until(
-            functools.partial(_ended, fleet, str(xid["id"])), ticks=60, seconds=5, what="reboot"
+        rebooted = await _approve_and_end(
+            fleet, str(xid["id"]), reason="GPU fell off the bus", ticks=60, seconds=5, what="reboot"
         )
         assert rebooted["status"] == "succeeded", rebooted
         assert bmcs["gpu-b"].transitions_since(b_mark) == ["reset 1"]
@@ -214,16 +243,10 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
             assert repair["action"] == expected, repair["rule"]
             mark = {name: bmc.mark() for name, bmc in bmcs.items()}
             repair_id = str(repair["id"])
-            approved = await fleet.app.client.post(
-                f"/api/v1/repairs/{repair_id}/approve", json={"reason": "NVSwitch fatal"}
-            )
-            assert approved.status_code == 200, approved.text
-            done = await fleet.until(
-                functools.partial(_ended, fleet, repair_id),
-                ticks=80,
-                seconds=5,
+            done = await _approve_and_end(
+                fleet, repair_id, reason="NVSwitch fatal", ticks=80, seconds=5,
                 what=f"{expected} end",
-            )
+            )  # fmt: skip
             seen[expected] = [
                 f"{name}: {t}"
                 for name, bmc in bmcs.items()
@@ -245,7 +268,7 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
         after = await fleet.node(node["id"])
         assert after["state"] == "in_service", after
         assert after["hostname"] == "gpu-c" and after["serial"] != node["serial"]
-        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        hosts = await _hosts(fleet)
         assert hosts["gpu-a"]["state"] == "out_of_service"  # flagged for hardware service
         assert hosts["gpu-c"]["state"] == "in_service" and hosts["gpu-c"]["node_id"] == node["id"]
         assert (await fleet.status_is(cid, "ready")) is not None  # size kept
@@ -254,19 +277,12 @@ async def test_a_bare_metal_cluster_enrolls_its_agents_and_climbs_the_ladder_thr
 
         # The last rung, by hand: remove gpu-b. Drained, powered off at its BMC, flagged.
         mark = {name: bmc.mark() for name, bmc in bmcs.items()}
-        removal = await fleet.app.client.post(
-            f"/api/v1/nodes/{other['id']}/actions",
-            json={"action": "remove", "reason": "PSU fault light"},
-        )
-        assert removal.status_code == 200, removal.text
-        removed_id = str(removal.json()["repair"]["id"])
-        done = await fleet.until(
-            functools.partial(_ended, fleet, removed_id), ticks=40, seconds=5, what="removal"
-        )
+        removed_id = await _act(fleet, other["id"], "remove", "PSU fault light")
+        done = await _end(fleet, removed_id, ticks=40, seconds=5, what="removal")
         assert done["status"] == "succeeded", done
         assert bmcs["gpu-b"].transitions_since(mark["gpu-b"]) == ["power 0"]
         assert (await fleet.node(other["id"]))["state"] == "removed"
-        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        hosts = await _hosts(fleet)
         assert hosts["gpu-b"]["state"] == "out_of_service" and hosts["gpu-b"]["node_id"] is None
         assert (await fleet.node(node["id"]))["state"] == "in_service"  # gpu-c untouched
 
@@ -360,12 +376,8 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         assert repair["action"] == "reboot", repair["rule"]
         mark = view.mark()
         repair_id = str(repair["id"])
-        approved = await client.post(
-            f"/api/v1/repairs/{repair_id}/approve", json={"reason": "GPU fell off the bus"}
-        )
-        assert approved.status_code == 200, approved.text
-        done = await fleet.until(
-            functools.partial(_ended, fleet, repair_id), ticks=60, seconds=5, what="reboot"
+        done = await _approve_and_end(
+            fleet, repair_id, reason="GPU fell off the bus", ticks=60, seconds=5, what="reboot"
         )
         assert done["status"] == "succeeded", done
         assert restarted(view.seen(hostname, mark)), view.seen(hostname, mark)
@@ -391,11 +403,7 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
             assert "cannot reprovision" in error_of(by_hand)["message"]
         mark = view.mark()
         second_id = str(second["id"])
-        approved = await client.post(f"/api/v1/repairs/{second_id}/approve", json={})
-        assert approved.status_code == 200, approved.text
-        last = await fleet.until(
-            functools.partial(_ended, fleet, second_id), ticks=60, seconds=5, what="next rung"
-        )
+        last = await _approve_and_end(fleet, second_id, ticks=60, seconds=5, what="next rung")
         if kind == "redfish":  # PXE once and a restart; a new disk enrolled; the fault stays
             assert last["status"] == "failed" and "seen again" in last["detail"], last
             assert "boot Pxe" in view.seen(hostname, mark), view.seen(hostname, mark)
@@ -406,11 +414,7 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
             assert third["action"] == "failover", third["rule"]
             mark = view.mark()
             third_id = str(third["id"])
-            approved = await client.post(f"/api/v1/repairs/{third_id}/approve", json={})
-            assert approved.status_code == 200, approved.text
-            last = await fleet.until(
-                functools.partial(_ended, fleet, third_id), ticks=60, seconds=5, what="failover"
-            )
+            last = await _approve_and_end(fleet, third_id, ticks=60, seconds=5, what="failover")
             off = {"reset ForceOff", "power Off"}  # asked of the BMC; Off a moment later
             assert off & set(view.seen(hostname, mark)), view.seen(hostname, mark)
         # The spare's agent enrolled as the node; the old host flagged.
@@ -418,7 +422,7 @@ async def test_xid_79_on_a_bare_metal_cluster_is_repaired_through_its_peer(
         moved = await fleet.node(node["id"])
         assert moved["state"] == "in_service" and moved["hostname"] == spare, moved
         assert room.enrollments[-1] == spare, room.enrollments
-        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        hosts = await _hosts(fleet)
         assert hosts[hostname]["state"] == "out_of_service"
         texts = [str(done), str(after), str(last)]
         texts += [str(e) for e in await fleet.get("/api/v1/events", cluster=cid, limit=1000)]
@@ -460,11 +464,7 @@ async def test_a_repair_that_cannot_finish_fails_with_what_to_do(
         node_id = nodes["gpu-a"]["id"]
         repair = await fleet.until(lambda: fleet.proposed_for(node_id), what="proposal")
         repair_id = str(repair["id"])
-        approved = await client.post(f"/api/v1/repairs/{repair_id}/approve", json={})
-        assert approved.status_code == 200, approved.text
-        done = await fleet.until(
-            functools.partial(_ended, fleet, repair_id), ticks=60, seconds=10, what="the end"
-        )
+        done = await _approve_and_end(fleet, repair_id, ticks=60, seconds=10, what="the end")
         assert done["status"] == "failed", done
         detail = done["detail"]
         if case == "never-back":
@@ -498,15 +498,8 @@ async def test_a_failover_off_a_host_whose_bmc_is_dead_still_moves_the_node(
         row = {"hostname": "gpu-a", "bmc_type": "ipmi", "bmc_address": "127.0.0.1",
                "port": free_udp_port(), "credential": "bmc", "cluster": "metal"}  # fmt: skip
         assert (await import_hosts(client, [row])).status_code == 200
-        started = await client.post(
-            f"/api/v1/nodes/{node['id']}/actions",
-            json={"action": "replace", "reason": "BMC gone, GPUs flapping"},
-        )
-        assert started.status_code == 200, started.text
-        repair_id = str(started.json()["repair"]["id"])
-        done = await fleet.until(
-            functools.partial(_ended, fleet, repair_id), ticks=40, seconds=5, what="failover"
-        )
+        repair_id = await _act(fleet, node["id"], "replace", "BMC gone, GPUs flapping")
+        done = await _end(fleet, repair_id, ticks=40, seconds=5, what="failover")
         assert done["status"] == "succeeded", done
         said = [
             e["message"]
@@ -517,7 +510,7 @@ async def test_a_failover_off_a_host_whose_bmc_is_dead_still_moves_the_node(
         assert any("retire it by hand" in m for m in said), said
         moved = await fleet.node(node["id"])
         assert moved["state"] == "in_service" and moved["hostname"] == "gpu-c", moved
-        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        hosts = await _hosts(fleet)
         assert hosts["gpu-a"]["state"] == "out_of_service"  # never handed out again
         assert hosts["gpu-c"]["node_id"] == node["id"]
 
@@ -532,19 +525,13 @@ async def test_with_no_spare_the_failover_gives_up_and_the_ladder_removes_the_no
     ):
         room, _, nodes = await _ready_metal(fleet, bmcs, http, spare=False)
         node_id = str(nodes["gpu-a"]["id"])
-        client = fleet.app.client
         fleet.world.inject_fault(room.sim_id("gpu-a"), signature_id="sxid-fatal", sticky=True)
         proposed = await fleet.until(lambda: fleet.proposed_for(node_id), what="proposal")
-        replace = await client.post(
-            f"/api/v1/nodes/{node_id}/actions",
-            json={"action": "replace", "reason": "NVSwitch fatal, straight to a new host"},
+        failover_id = await _act(
+            fleet, node_id, "replace", "NVSwitch fatal, straight to a new host"
         )
-        assert replace.status_code == 200, replace.text
-        failover_id = str(replace.json()["repair"]["id"])
         assert failover_id != proposed["id"]  # the admin's action replaced the proposal
-        failed = await fleet.until(
-            functools.partial(_ended, fleet, failover_id), ticks=40, seconds=30, what="give up"
-        )
+        failed = await _end(fleet, failover_id, ticks=40, seconds=30, what="give up")
         assert failed["status"] == "failed", failed
         assert failed["detail"].startswith("no replacement machine 300 s after the failover")
         assert "no spare host in the pool" in failed["detail"], failed["detail"]
@@ -554,15 +541,11 @@ async def test_with_no_spare_the_failover_gives_up_and_the_ladder_removes_the_no
         assert removal["action"] == "remove", removal["rule"]
         assert "ladder: host had failover (failed)" in removal["rule"], removal["rule"]
         removal_id = str(removal["id"])
-        approved = await client.post(f"/api/v1/repairs/{removal_id}/approve", json={})
-        assert approved.status_code == 200, approved.text
-        done = await fleet.until(
-            functools.partial(_ended, fleet, removal_id), ticks=20, seconds=5, what="removal"
-        )
+        done = await _approve_and_end(fleet, removal_id, ticks=20, seconds=5, what="removal")
         assert done["status"] == "succeeded", done
         assert bmcs["gpu-a"].transitions_since(mark["gpu-a"]) == ["power 0"]
         assert (await fleet.node(node_id))["state"] == "removed"
-        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        hosts = await _hosts(fleet)
         assert hosts["gpu-a"]["state"] == "out_of_service"
         assert (await fleet.node(str(nodes["gpu-b"]["id"])))["state"] == "in_service"
 
@@ -613,7 +596,7 @@ async def test_what_an_enroll_token_can_and_cannot_do(
         assert node_token.startswith("gpfn_")
         again = await _enroll(http, token, "gpu-a")
         assert again.status_code == 409 and "already enrolled" in error_of(again)["message"]
-        hosts = {h["hostname"]: h for h in await fleet.get("/api/v1/projects/ml/hosts")}
+        hosts = await _hosts(fleet)
         assert hosts["gpu-a"]["node_id"] == enrolled.json()["node_id"]
 
         # Expired: one second past its time to live.

@@ -28,11 +28,10 @@ import datetime as dt
 from sqlalchemy import select
 
 from gpufleet.core.agent_protocol import EnrollAck, EnrollRequest
-from gpufleet.core.credentials import Limits, check_mint
+from gpufleet.core.clock import as_utc
 from gpufleet.core.enums import BARE_METAL_PROVIDERS, ClusterStatus, EventKind, ProviderKind
-from gpufleet.core.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthorized
+from gpufleet.core.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from gpufleet.core.models import EnrollTokenRequest, IssuedEnrollToken
-from gpufleet.core.rbac import Permission
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import ClusterRow, HostRow, NodeRow
 from gpufleet.server.services.audit import record_audit
@@ -41,6 +40,7 @@ from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.hosts import bind_node_to_host
 from gpufleet.server.services.node_callers import REFUSED_NODE_STATES
+from gpufleet.server.services.node_tokens import require_node_token_minter
 
 ENROLL_TOKEN_PREFIX = "gpfe_"  # noqa: S105 - a prefix, not a secret
 REFUSED = "unknown, replaced or expired enroll token"
@@ -75,21 +75,7 @@ async def issue_enroll_token(
     """
     async with db.transaction() as session:
         cluster = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
-        if not caller.can(Permission.HOST_MANAGE, cluster.project_id):
-            raise Forbidden(
-                f"making an enroll token needs {Permission.HOST_MANAGE.value} in the cluster's "
-                "project (its admin role)"
-            )
-        if caller.limits.expires_at is not None:
-            raise Forbidden(
-                "an enroll token leads to node tokens, which never expire, and this "
-                f"credential expires at {caller.limits.expires_at.isoformat()}: no credential "
-                "creates one that outlives it; use a token without an expiry or a console login"
-            )
-        check_mint(
-            caller.limits,
-            Limits(project_id=cluster.project_id, role=caller.limits.role, expires_at=None),
-        )
+        require_node_token_minter(caller, cluster.project_id, what="making an enroll token")
         if cluster.status in _CLOSED:
             raise Conflict(f"cluster {cluster.name} is {cluster.status}", field="cluster_id")
         if not takes_no_user_data(cluster.provider):
@@ -162,7 +148,7 @@ async def enroll(
             cluster is None
             or cluster.status in _CLOSED
             or cluster.enroll_token_expires_at is None
-            or _aware(cluster.enroll_token_expires_at) <= now
+            or as_utc(cluster.enroll_token_expires_at) <= now
         ):
             raise Unauthorized(REFUSED)
         host = await session.scalar(
@@ -240,7 +226,3 @@ def open_enrollment(node: NodeRow, *, now: dt.datetime) -> None:
     node.token_hash = None
     node.enroll_open_at = now
     node.updated_at = now
-
-
-def _aware(ts: dt.datetime) -> dt.datetime:
-    return ts if ts.tzinfo is not None else ts.replace(tzinfo=dt.UTC)

@@ -25,6 +25,29 @@ from gpufleet.server.services.node_callers import REFUSED_NODE_STATES
 from gpufleet.server.services.nodes import get_node_row_or_error
 
 
+def require_node_token_minter(caller: Caller, project_id: str, *, what: str) -> None:
+    """``caller`` may make what leads to node tokens (a node token, an enroll token) in
+    ``project_id``: its admin (``host.manage``), with a credential that does not expire
+    and is not scoped elsewhere, since a node token never expires.
+
+    Raises:
+        Forbidden: naming what was asked and why not.
+    """
+    if not caller.can(Permission.HOST_MANAGE, project_id):
+        raise Forbidden(
+            f"{what} needs {Permission.HOST_MANAGE.value} in the project (its admin role)"
+        )
+    if caller.limits.expires_at is not None:
+        raise Forbidden(
+            f"{what}: a node token never expires, and this credential expires at "
+            f"{caller.limits.expires_at.isoformat()}: no credential creates one that "
+            "outlives it; use a token without an expiry or a console login"
+        )
+    check_mint(
+        caller.limits, Limits(project_id=project_id, role=caller.limits.role, expires_at=None)
+    )
+
+
 async def issue_node_token(
     db: Database, *, caller: Caller, node_id: str, now: dt.datetime
 ) -> IssuedNodeToken:
@@ -38,21 +61,7 @@ async def issue_node_token(
     """
     async with db.transaction() as session:
         node, cluster = await get_node_row_or_error(session, caller=caller, node_id=node_id)
-        if not caller.can(Permission.HOST_MANAGE, cluster.project_id):
-            raise Forbidden(
-                f"issuing a node token needs {Permission.HOST_MANAGE.value} in the node's "
-                "project (its admin role)"
-            )
-        if caller.limits.expires_at is not None:
-            raise Forbidden(
-                f"a node token never expires, and this credential expires at "
-                f"{caller.limits.expires_at.isoformat()}: no credential creates one that "
-                "outlives it; use a token without an expiry or a console login"
-            )
-        check_mint(
-            caller.limits,
-            Limits(project_id=cluster.project_id, role=caller.limits.role, expires_at=None),
-        )
+        require_node_token_minter(caller, cluster.project_id, what="issuing a node token")
         if node.state in REFUSED_NODE_STATES:
             raise Conflict(f"node {node.name} is {node.state}: it takes no token", field="node_id")
         token = generate_token(NODE_TOKEN_PREFIX)
