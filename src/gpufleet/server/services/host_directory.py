@@ -27,7 +27,7 @@ from gpufleet.providers.base import Credential, HostAccess
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import CredentialRow, HostRow
 from gpufleet.server.services.credentials import open_credential
-from gpufleet.server.services.hosts import switch_host_state
+from gpufleet.server.services.hosts import switch_host_state, take_out_of_service
 from gpufleet.server.services.keyring import Keyring
 
 ACTOR = "system:host-directory"
@@ -172,8 +172,7 @@ class DbHostDirectory:
             row = await session.get(HostRow, host_id) if is_id(host_id) else None
             if row is None:
                 raise NotFound(f"host {host_id!r} not found", field="host_id")
-            switch_host_state(
-                session, host=row, target=HostState.OUT_OF_SERVICE, actor=ACTOR,
-                reason="released: flagged for hardware service", now=self._clock.now(),
+            take_out_of_service(
+                session, host=row, actor=ACTOR, now=self._clock.now(),
+                reason="released: flagged for hardware service",
             )  # fmt: skip
-            row.node_id = None  # the machine runs no node of ours any more

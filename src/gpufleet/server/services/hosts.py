@@ -113,6 +113,17 @@ def switch_host_state(
     return changed
 
 
+def take_out_of_service(
+    session: AsyncSession, *, host: HostRow, actor: str, reason: str, now: dt.datetime
+) -> None:
+    """The machine runs no node of ours any more and is flagged for hardware service:
+    nothing claims it again until someone sets it back (``gpufleet hosts set-state``)."""
+    switch_host_state(
+        session, host=host, target=HostState.OUT_OF_SERVICE, actor=actor, reason=reason, now=now
+    )
+    host.node_id = None
+
+
 async def get_host_row_or_error(session: AsyncSession, *, project: ProjectRow, ref: str) -> HostRow:
     """A host of the project by id or hostname."""
     by_name = HostRow.hostname == ref

@@ -15,13 +15,14 @@ import gpufleet.server.services.cluster_provider_config as provider_config_servi
 import gpufleet.server.services.clusters as clusters_services
 from gpufleet.core.errors import Conflict, InvalidInput
 from gpufleet.core.rbac import Permission
+from gpufleet.server.context import AppContext
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import describe_validation_errors
 from gpufleet.server.schemas.clusters import UpdateClusterRequest
 from gpufleet.server.services.auth import require
-from gpufleet.server.web.context import load_cluster_page
+from gpufleet.server.web.context import ClusterPage, load_cluster_page
 from gpufleet.server.web.routing import HtmlRoute, redirect, render_page
-from gpufleet.server.web.session import WebUserDep, first, read_form, set_flash
+from gpufleet.server.web.session import WebUser, WebUserDep, first, read_form, set_flash
 
 router = APIRouter(route_class=HtmlRoute, include_in_schema=False)
 
@@ -66,16 +67,25 @@ async def configuration_tab(
     )  # fmt: skip
 
 
-@router.post("/clusters/{cluster_id}/configuration")
-async def update_configuration(
-    cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
-) -> Response:
+async def _admin_form(
+    cluster_id: str, request: Request, ctx: AppContext, user: WebUser
+) -> tuple[dict[str, list[str]], ClusterPage, str]:
+    """A configuration form posted by someone who may change the cluster: the form, the
+    cluster's page and where to go back (errors go there too)."""
     form = await read_form(request, csrf=user.csrf)
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
     back = f"/clusters/{page.cluster.id}/configuration"
     request.state.form_next = back
     require(user.caller, Permission.CLUSTER_CREATE, page.cluster.project_id)
+    return form, page, back
+
+
+@router.post("/clusters/{cluster_id}/configuration")
+async def update_configuration(
+    cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
+) -> Response:
+    form, page, back = await _admin_form(cluster_id, request, ctx, user)
     # A checkbox sends nothing when unticked: a hidden "0" comes first, the box's "1" after.
     acceptance = form.get("acceptance_tests", ["0"])[-1] == "1"
     scripts = [s.replace("\r\n", "\n") for s in form.get("script", []) if s.strip()]
@@ -103,12 +113,7 @@ async def update_configuration(
 async def update_provider_config(
     cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
 ) -> Response:
-    form = await read_form(request, csrf=user.csrf)
-    async with ctx.db.session() as session:
-        page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
-    back = f"/clusters/{page.cluster.id}/configuration"
-    request.state.form_next = back
-    require(user.caller, Permission.CLUSTER_CREATE, page.cluster.project_id)
+    form, page, back = await _admin_form(cluster_id, request, ctx, user)
     try:
         raw = json.loads(first(form, "provider_config") or "{}")
     except json.JSONDecodeError as exc:

@@ -21,7 +21,6 @@ from sqlalchemy import select
 from gpufleet.core.enums import NodeState, RepairAction, RepairStatus
 from gpufleet.core.errors import DriverError, InvalidInput
 from gpufleet.core.ids import is_id
-from gpufleet.core.inventory import HostState
 from gpufleet.providers.base import (
     Instance,
     InstanceState,
@@ -34,7 +33,7 @@ from gpufleet.providers.base import (
 from gpufleet.server.db.tables import GpuRow, HostRow, NodeRow
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
 from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
-from gpufleet.server.services.hosts import switch_host_state
+from gpufleet.server.services.hosts import take_out_of_service
 from gpufleet.server.workers.repairs.context import (
     ACTOR,
     LoadedRepair,
@@ -356,13 +355,11 @@ async def _flag_for_service(
         if tx is None:
             return
         host = await tx.session.get(HostRow, host_id) if is_id(host_id) else None
-        if host is not None and HostState(host.state) is not HostState.OUT_OF_SERVICE:
-            switch_host_state(
-                tx.session, host=host, target=HostState.OUT_OF_SERVICE, actor=ACTOR,
+        if host is not None:
+            take_out_of_service(
+                tx.session, host=host, actor=ACTOR, now=tx.now,
                 reason=f"repair {tx.repair.id}: replaced, but not powered off: {why}",
-                now=tx.now,
             )  # fmt: skip
-            host.node_id = None
         tx.step_event(f"old machine {host_id} not given back: {why}", {"old_instance_id": host_id})
 
 
