@@ -301,6 +301,9 @@ HOLDS_OWNER = "gpufleet/server/services/node_holds.py"
 REASON_GRAMMAR = "gpufleet/core/holds.py"
 # The drivers refuse to undo a drain by its prefix; they use the constant, build nothing.
 DRIVERS = "gpufleet/schedulers/"
+# Per-cluster drivers built by the server: each method hands the call to the cluster's
+# driver (they are drivers, called through node_holds like any other).
+DRIVER_PROXIES = frozenset({"gpufleet/server/services/kube_schedulers.py"})
 REASON_PREFIX = "gpufleet:"
 # A scheduler's calls that hold or release a node (``SupportsDrain``, ``SupportsDown``).
 HOLD_METHODS = frozenset({"drain", "resume", "down", "undrain"})
@@ -363,7 +366,7 @@ def test_only_the_node_hold_service_drains_and_resumes() -> None:
     stray = [
         str(w)
         for module, tree in _modules()
-        if module != HOLDS_OWNER and not module.startswith(DRIVERS)
+        if module != HOLDS_OWNER and not module.startswith(DRIVERS) and module not in DRIVER_PROXIES
         for w in hold_calls_in(module, tree)
     ]
     assert stray == [], (

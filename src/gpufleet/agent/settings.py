@@ -45,6 +45,15 @@ class AgentSettings(BaseSettings):
         default_factory=socket.gethostname,
         description="Name this node reports; the hostname, so it matches Slurm and k8s.",
     )
+    kubernetes_node: str | None = Field(
+        default=None,
+        max_length=253,
+        description=(
+            "Kubernetes mode: the node this agent's DaemonSet pod runs on (the downward "
+            "API's spec.nodeName). The node reports under this name (the Kubernetes node "
+            "name, which the server's Kubernetes driver uses), whatever the pod's hostname."
+        ),
+    )
     state_dir: Path = Field(
         default=Path("/var/lib/gpufleet-agent"),
         description=(
@@ -292,6 +301,13 @@ class AgentSettings(BaseSettings):
     def _backoff(self) -> AgentSettings:
         if self.retry_max_s < self.retry_initial_s:
             raise ValueError("retry_max_s must be >= retry_initial_s")
+        return self
+
+    @model_validator(mode="after")
+    def _kubernetes_node(self) -> AgentSettings:
+        # In a pod without hostNetwork the hostname is the pod's; the node is what counts.
+        if self.kubernetes_node:
+            self.hostname = self.kubernetes_node
         return self
 
     def read_enroll_token(self) -> str | None:

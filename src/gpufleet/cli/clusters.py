@@ -1,5 +1,7 @@
 """``gpufleet clusters``: list, create, show, status, delete; the repair breaker; the
-provider configuration (``provider-config``, cli/provider_config.py)."""
+provider configuration (``provider-config``, cli/provider_config.py). A kubernetes
+cluster is created with its kubeconfig (``--kubeconfig FILE [--context NAME]``, read here
+and sent once; the server keeps it sealed) or ``--in-cluster``."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import typer
 from rich.text import Text
 
 from gpufleet.cli import config, provider_config
+from gpufleet.cli.errors import CliError
 from gpufleet.cli.output import (
     HEALTH_STYLES,
     STATE_STYLES,
@@ -30,7 +33,14 @@ from gpufleet.cli.output import (
 from gpufleet.cli.paging import collect
 from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
-from gpufleet.core.models import Breaker, Cluster, ClusterStatusReport, NodeCounts, Page
+from gpufleet.core.models import (
+    Breaker,
+    Cluster,
+    ClusterStatusReport,
+    NodeCounts,
+    Page,
+    SchedulerConfig,
+)
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
 app.add_typer(provider_config.app, name="provider-config")
@@ -92,6 +102,18 @@ def _node_rows(nodes: NodeCounts | None) -> list[tuple[str, Text | str]]:
     ]
 
 
+def _scheduler_rows(config: SchedulerConfig | None) -> list[tuple[str, Text | str]]:
+    if config is None:
+        return []
+    if config.in_cluster:
+        return [("  credentials", "in-cluster (the server's own service account)")]
+    return [
+        ("  api server", config.server or "-"),
+        ("  context", config.context or "-"),
+        ("  kubeconfig", f"stored sealed (credential {config.credential_id})"),
+    ]
+
+
 def _render_one(c: Cluster) -> None:
     autoscale = (
         "off"
@@ -109,6 +131,7 @@ def _render_one(c: Cluster) -> None:
         ("size", str(c.size)),
         ("gpus", f"{c.gpus_per_node} x {c.gpu_model} per node"),
         ("scheduler", c.scheduler.value),
+        *_scheduler_rows(c.scheduler_config),
         ("provider", c.provider.value),
         (
             "acceptance tests",
@@ -202,10 +225,37 @@ def create_cluster(
             dir_okay=False,
         ),
     ] = None,
+    kubeconfig_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            help="kubernetes: the cluster's kubeconfig file (sent once, stored sealed; the "
+            "server checks that its API server answers).",
+            dir_okay=False,
+        ),
+    ] = None,
+    kube_context: Annotated[
+        str | None,
+        typer.Option(
+            "--context",
+            help="kubernetes: the kubeconfig's context to use (default: its current-context).",
+        ),
+    ] = None,
+    in_cluster: Annotated[
+        bool,
+        typer.Option(
+            "--in-cluster",
+            help="kubernetes: use the server's own pod's service account (the server runs "
+            "in that cluster) instead of a kubeconfig.",
+        ),
+    ] = False,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Create a cluster; it provisions, runs acceptance tests, then becomes ready."""
     labels = parse_labels(label or [])
+    kubeconfig = _kube_options(
+        scheduler, kubeconfig_file=kubeconfig_file, context=kube_context, in_cluster=in_cluster
+    )
     settings = (
         provider_config.read_config_file(provider_config_file)
         if provider_config_file is not None
@@ -228,8 +278,50 @@ def create_cluster(
             node_prefix=node_prefix,
             first_node_index=first_node_index,
             provider_config=settings,
+            kubeconfig=kubeconfig,
+            kube_context=kube_context,
+            kube_in_cluster=in_cluster,
         )
     emit(output, cluster, _render_one)
+
+
+def _kube_options(
+    scheduler: SchedulerKind, *, kubeconfig_file: Path | None, context: str | None, in_cluster: bool
+) -> str | None:
+    """The kubeconfig's text, read here; a usage error (exit 2) for options that do not go
+    together or a file that cannot be read, before anything is sent."""
+    if scheduler is not SchedulerKind.KUBERNETES:
+        given = {
+            "--kubeconfig": kubeconfig_file is not None,
+            "--context": context is not None,
+            "--in-cluster": in_cluster,
+        }
+        wrong = next((option for option, is_given in given.items() if is_given), None)
+        if wrong is not None:
+            raise CliError(f"{wrong} is for --scheduler kubernetes only")
+        return None
+    if in_cluster and (kubeconfig_file is not None or context is not None):
+        raise CliError("give --kubeconfig FILE [--context NAME] or --in-cluster, not both")
+    if not in_cluster and kubeconfig_file is None:
+        raise CliError(
+            "a kubernetes cluster needs its API server's credentials: --kubeconfig FILE "
+            "[--context NAME], or --in-cluster when the server runs in that cluster"
+        )
+    if kubeconfig_file is None:
+        return None
+    try:
+        text = kubeconfig_file.read_text()
+    except OSError as exc:
+        raise CliError(
+            f"{kubeconfig_file}: cannot read it ({exc.strerror}); nothing was sent"
+        ) from None
+    except UnicodeDecodeError:
+        raise CliError(
+            f"{kubeconfig_file}: not a text file, so not a kubeconfig; nothing was sent"
+        ) from None
+    if not text.strip():
+        raise CliError(f"{kubeconfig_file}: empty; nothing was sent")
+    return text
 
 
 @app.command("show")

@@ -286,7 +286,14 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         first_node_index: int = 0,
         acceptance_suite: AcceptanceSuite | None = None,
         provider_config: Mapping[str, object] | None = None,
+        kubeconfig: str | None = None,
+        kube_context: str | None = None,
+        kube_in_cluster: bool = False,
     ) -> Cluster:
+        """Create a cluster. A kubernetes one takes its API server's credentials:
+        ``kubeconfig`` (the file's text; stored sealed, never shown again) with an
+        optional ``kube_context``, or ``kube_in_cluster`` (the server's own pod's
+        service account); the server checks that the API server answers first."""
         body: dict[str, Any] = {
             "project": project,
             "name": name,
@@ -307,6 +314,12 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
             body["acceptance_suite"] = acceptance_suite.model_dump(mode="json")
         if provider_config is not None:  # aws: region, credential, placement
             body["provider_config"] = dict(provider_config)
+        if kubeconfig is not None:
+            body["kubeconfig"] = kubeconfig
+        if kube_context is not None:
+            body["kube_context"] = kube_context
+        if kube_in_cluster:
+            body["kube_in_cluster"] = True
         return Cluster.model_validate(self._call("POST", f"{API}/clusters", body=body))
 
     def get_cluster(self, cluster_id: str) -> Cluster:

@@ -19,6 +19,7 @@ class CredentialKind(StrEnum):
     BMC_PASSWORD = "bmc_password"  # noqa: S105 - a kind's name, not a password
     SSH_KEY = "ssh_key"
     AWS_KEY = "aws_key"  # "<access key id>:<secret access key>" as the secret
+    KUBECONFIG = "kubeconfig"  # a kubernetes cluster's kubeconfig file, its text the secret
 
 
 class BmcType(StrEnum):

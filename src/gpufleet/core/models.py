@@ -105,6 +105,18 @@ class NodeCounts(_Domain):
     gpus: int
 
 
+class SchedulerConfig(_Domain):
+    """How the server reaches a cluster's scheduler, where that is per cluster
+    (``kubernetes``): the kubeconfig's context and API server (the kubeconfig itself is
+    the stored credential ``credential_id``, sealed), or the server's own pod's service
+    account (``in_cluster``). Nothing here is secret."""
+
+    credential_id: str | None = None  # a credential of kind kubeconfig; None in-cluster
+    context: str | None = None  # the kubeconfig's context used; None in-cluster
+    server: str | None = None  # the API server's URL; None in-cluster (the pod's own)
+    in_cluster: bool = False
+
+
 class Cluster(_Domain):
     id: str
     project_id: str
@@ -128,6 +140,8 @@ class Cluster(_Domain):
     first_node_index: int = 0
     acceptance_suite: AcceptanceSuite = DEFAULT_SUITE  # run unless acceptance_tests is off
     status_detail: str = ""  # why the cluster is in its status, e.g. the node that failed
+    # kubernetes: how its API server is reached; None for the other schedulers.
+    scheduler_config: SchedulerConfig | None = None
 
 
 class ClusterStatusReport(_Domain):

@@ -195,3 +195,24 @@ class SupportsReservations(Protocol):
     async def list_reservations(self) -> list[ReservationInfo]:
         """Every reservation the scheduler holds."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionPass:
+    """What one pass of evictions on a node came to (``SupportsEviction.evict_pods``)."""
+
+    evicted: tuple[str, ...] = ()  # "namespace/name", accepted this pass
+    blocked: tuple[str, ...] = ()  # refused for now (a PodDisruptionBudget: 429), with why
+    terminating: tuple[str, ...] = ()  # evicted earlier, still in their grace period
+    skipped: tuple[str, ...] = ()  # DaemonSet and mirror pods: never evicted
+
+
+@runtime_checkable
+class SupportsEviction(Protocol):
+    async def evict_pods(self, node: str) -> EvictionPass:
+        """Ask each pod on the drained ``node`` to leave through the scheduler's own
+        disruption rules (Kubernetes' Eviction API: a PodDisruptionBudget may refuse for
+        now, and the pod gets its grace period). Never deletes a pod. Called on every
+        pass of a drain until no job is left; idempotent. Raises ``DriverError`` when the
+        pods cannot be read or an eviction fails for another reason than a budget."""
+        ...

@@ -15,7 +15,7 @@ from starlette.routing import BaseRoute
 
 from gpufleet import __version__
 from gpufleet.core.clock import Clock, SystemClock
-from gpufleet.core.enums import ProviderKind
+from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry, bare_metal_providers, slurm_scheduler
@@ -55,6 +55,7 @@ from gpufleet.server.services.auth import bootstrap_owner
 from gpufleet.server.services.aws_providers import AwsProviders
 from gpufleet.server.services.host_directory import DbHostDirectory
 from gpufleet.server.services.keyring import Keyring
+from gpufleet.server.services.kube_schedulers import KubeSchedulers
 from gpufleet.server.settings import ServerSettings
 from gpufleet.server.sim_wiring import SimBundle, build_sim
 from gpufleet.server.web.router import install_console
@@ -103,6 +104,9 @@ def create_app(
         directory = DbHostDirectory(db=db, keyring=keyring, clock=clock)
         drivers.providers.update(bare_metal_providers(settings, directory=directory))
         drivers.per_cluster[ProviderKind.AWS.value] = AwsProviders(db=db, keyring=keyring)
+        drivers.per_cluster_schedulers[SchedulerKind.KUBERNETES.value] = KubeSchedulers(
+            db=db, keyring=keyring
+        )
         slurm = slurm_scheduler(settings)
         if slurm is not None:
             drivers.schedulers["slurm"] = slurm
@@ -150,6 +154,8 @@ def create_app(
                     await asyncio.wait_for(task, timeout=10)
             if sim is not None:
                 await sim.runner.aclose()
+            with contextlib.suppress(Exception):  # a pool that fails to close stops nothing
+                await ctx.drivers.aclose()  # the per-cluster drivers' connection pools
             await ctx.ingest.stop()
             await db.dispose()
 

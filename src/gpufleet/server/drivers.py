@@ -1,6 +1,8 @@
 """Drivers by kind. The server builds one instance of each at start-up, except the
-providers whose driver depends on the cluster (``aws``: a region, an account and a
-placement per cluster), which ``provider_for`` builds from the cluster's configuration."""
+drivers that depend on the cluster: providers like ``aws`` (a region, an account and a
+placement per cluster), which ``provider_for`` builds from the cluster's configuration,
+and schedulers like ``kubernetes`` (an API server and a kubeconfig per cluster), which
+``services.schedulers.scheduler_for`` builds from the cluster's scheduler configuration."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Protocol
 
 from gpufleet.core.enums import ProviderKind, RepairAction
 from gpufleet.core.errors import InvalidInput
+from gpufleet.core.models import Cluster
 from gpufleet.providers.base import (
     HostDirectory,
     Provider,
@@ -36,12 +39,23 @@ class ClusterProviders(Protocol):
     def for_cluster(self, cluster: ClusterRow) -> Provider: ...
 
 
+class ClusterSchedulers(Protocol):
+    """Builds the scheduler driver of one cluster from its row or its domain object
+    (services/kube_schedulers.py), and closes those it built when the server stops."""
+
+    def for_cluster(self, cluster: Cluster | ClusterRow) -> Scheduler: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass
 class DriverRegistry:
     providers: dict[str, Provider] = field(default_factory=dict)
     schedulers: dict[str, Scheduler] = field(default_factory=dict)
     # Provider kinds whose driver is per cluster, by kind ("aws").
     per_cluster: dict[str, ClusterProviders] = field(default_factory=dict)
+    # Scheduler kinds whose driver is per cluster, by kind ("kubernetes").
+    per_cluster_schedulers: dict[str, ClusterSchedulers] = field(default_factory=dict)
 
     def provider_for(self, cluster: ClusterRow) -> Provider:
         """The driver that acts on ``cluster``'s machines. Building it does no I/O: a
@@ -83,11 +97,22 @@ class DriverRegistry:
                 field="provider",
             ) from None
 
+    def check_scheduler(self, kind: str) -> None:
+        """Raise ``InvalidInput`` unless this server can drive a cluster's ``kind``
+        scheduler."""
+        if kind not in self.per_cluster_schedulers:
+            self.scheduler(kind)
+
+    async def aclose(self) -> None:
+        """Close the per-cluster drivers built so far (their connection pools)."""
+        for schedulers in self.per_cluster_schedulers.values():
+            await schedulers.aclose()
+
     def scheduler(self, kind: str) -> Scheduler:
         try:
             return self.schedulers[kind]
         except KeyError:
-            known = ", ".join(sorted(self.schedulers)) or "none"
+            known = ", ".join(sorted({*self.schedulers, *self.per_cluster_schedulers})) or "none"
             raise InvalidInput(
                 f"scheduler {kind!r} is not configured on this server (configured: {known})",
                 field="scheduler",

@@ -213,6 +213,12 @@ class ClusterRow(_Leased, Base):
     autoscale_max: Mapped[int | None] = mapped_column(Integer)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     provider_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # How the server reaches the cluster's scheduler where that is per cluster
+    # (``core.models.SchedulerConfig`` as JSON; kubernetes: the kubeconfig credential's id,
+    # its context and API server, or in_cluster). Never a secret. {} for the others.
+    scheduler_config: Mapped[dict[str, Any]] = mapped_column(
+        JSON, default=dict, server_default="{}"
+    )
     # Node names are <node_prefix><first_node_index + slot, 3 digits>; the prefix defaults
     # to "<name>-". Set both to adopt machines already named, e.g. Slurm's gpu-001.
     node_prefix: Mapped[str | None] = mapped_column(String(63))
@@ -676,7 +682,7 @@ class CredentialRow(Base):
         ForeignKey("project.id", ondelete="RESTRICT"), index=True
     )
     name: Mapped[str] = mapped_column(String(63))
-    kind: Mapped[str] = mapped_column(String(16))  # bmc_password | ssh_key | aws_key
+    kind: Mapped[str] = mapped_column(String(16))  # core.inventory.CredentialKind
     username: Mapped[str | None] = mapped_column(String(255))
     ciphertext: Mapped[bytes] = mapped_column(LargeBinary)  # nonce (12 bytes) + sealed + tag
     key_id: Mapped[str] = mapped_column(String(32))

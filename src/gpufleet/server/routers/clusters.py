@@ -47,10 +47,17 @@ async def create_cluster(
     caller: Annotated[Caller, Allow(Permission.CLUSTER_CREATE)],
     ctx: CtxDep,
 ) -> Cluster:
+    """Create a cluster. A kubernetes one's API server is asked first, with the
+    kubeconfig given (outside the transaction: it waits on the network); the kubeconfig
+    is then stored sealed with the cluster, or nothing is."""
+    kube = await clusters_services.check_cluster_access(
+        ctx.db, caller=caller, request=body, drivers=ctx.drivers, keyring=ctx.keyring
+    )
     async with ctx.db.transaction() as session:
         return await clusters_services.create_cluster(
-            session, caller=caller, request=body, drivers=ctx.drivers
-        )
+            session, caller=caller, request=body, drivers=ctx.drivers, keyring=ctx.keyring,
+            kube=kube,
+        )  # fmt: skip
 
 
 @router.get("/{cluster_id}")

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, StrictBool, StringConstraints
+from pydantic import Field, SecretStr, StrictBool, StringConstraints
 
 from gpufleet.core.acceptance import AcceptanceSuite
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.schedulers.kubernetes.config import MAX_KUBECONFIG_BYTES
 from gpufleet.server.schemas.common import Name, Ref, Request
 
 MAX_CLUSTER_SIZE = 4096
@@ -21,6 +22,8 @@ StartupScripts = Annotated[
 AutoscaleMin = Annotated[int, Field(ge=0, le=MAX_CLUSTER_SIZE, strict=True)]
 AutoscaleMax = Annotated[int, Field(ge=1, le=MAX_CLUSTER_SIZE, strict=True)]
 
+
+Kubeconfig = Annotated[SecretStr, Field(min_length=1, max_length=MAX_KUBECONFIG_BYTES)]
 
 # Checked against the cluster's provider by the service (a 422 names the field), since
 # which fields exist depends on the provider, not on the body.
@@ -51,6 +54,13 @@ class CreateClusterRequest(Request):
     # (core/providers.py): for aws the region, the credential's name and the placement;
     # nothing for the others.
     provider_config: ProviderConfigBody = {}
+    # scheduler kubernetes only, one of the two (services/kube_clusters.py): the
+    # kubeconfig file's text (stored sealed as a credential; SecretStr, so neither a
+    # validation error nor a repr shows it) with an optional context (default: its
+    # current-context), or the server's own pod's service account.
+    kubeconfig: Kubeconfig | None = None
+    kube_context: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = None
+    kube_in_cluster: StrictBool = False
 
 
 class SetProviderConfigRequest(Request):

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, StringConstraints
 
 from gpufleet.core.inventory import CredentialKind, HostSpec, HostState
+from gpufleet.schedulers.kubernetes.config import MAX_KUBECONFIG_BYTES
 from gpufleet.server.schemas.common import Request
 
 MAX_IMPORT_ROWS = 5000
@@ -18,8 +19,9 @@ class PutCredentialRequest(Request):
 
     kind: CredentialKind
     username: Annotated[str, StringConstraints(max_length=255)] | None = None
-    # SecretStr: a validation error or a repr of this body never shows it.
-    secret: Annotated[SecretStr, Field(min_length=1, max_length=16_384)]
+    # SecretStr: a validation error or a repr of this body never shows it. Up to a
+    # kubeconfig's bound here; the service holds the other kinds to MAX_SECRET_CHARS.
+    secret: Annotated[SecretStr, Field(min_length=1, max_length=MAX_KUBECONFIG_BYTES)]
 
 
 class ImportHostsRequest(Request):

@@ -27,15 +27,27 @@ from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.gpu_models import GPU_MODELS
 from gpufleet.core.health import shown_health
 from gpufleet.core.ids import is_id, new_id
-from gpufleet.core.models import Cluster, NodeCounts, Page
+from gpufleet.core.models import Cluster, NodeCounts, Page, SchedulerConfig
+from gpufleet.core.providers import ProviderConfig
 from gpufleet.core.rbac import Permission
 from gpufleet.core.transitions import CLUSTER
-from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
+from gpufleet.server.db.engine import Database
+from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow, ProjectRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.schemas.clusters import CreateClusterRequest, UpdateClusterRequest
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.keyring import Keyring
+from gpufleet.server.services.kube_clusters import (
+    KubeAccess,
+    audited_request,
+    check_kube_fields,
+    describe_kube_access,
+    reach_kube_api,
+    store_kube_access,
+)
+from gpufleet.server.services.kube_schedulers import scheduler_config_of
 from gpufleet.server.services.projects import get_project_row_or_error
 from gpufleet.server.services.provider_configs import check_provider_config
 from gpufleet.server.services.transitions import Subject, transition
@@ -71,6 +83,7 @@ def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None)
         nodes=counts,
         acceptance_suite=suite_or_default(row.acceptance_suite),
         status_detail=row.status_detail or "",
+        scheduler_config=scheduler_config_of(row),
     )
 
 
@@ -131,31 +144,50 @@ async def get_cluster_or_error(
     return cluster_row_to_cluster(row)
 
 
+async def check_cluster_access(
+    db: Database,
+    *,
+    caller: Caller,
+    request: CreateClusterRequest,
+    drivers: DriverRegistry,
+    keyring: Keyring,
+) -> KubeAccess | None:
+    """What a create must check on the network, before its transaction: for a kubernetes
+    cluster, that its API server answers with the kubeconfig given (``None`` for the
+    other schedulers). Everything ``create_cluster`` checks without the network is
+    checked first, so a bad request is refused before anything is dialled."""
+    if request.scheduler is not SchedulerKind.KUBERNETES:
+        return None
+    async with db.session() as session:
+        await _check_create(session, caller=caller, request=request, drivers=drivers)
+    return await reach_kube_api(request, drivers=drivers, keyring=keyring)
+
+
 async def create_cluster(
     session: AsyncSession,
     *,
     caller: Caller,
     request: CreateClusterRequest,
     drivers: DriverRegistry,
+    keyring: Keyring | None = None,
+    kube: KubeAccess | None = None,
 ) -> Cluster:
-    """Record the cluster and one node row per slot; the provisioning loop does the rest."""
-    project = await get_project_row_or_error(session, caller=caller, ref=request.project)
-    require(caller, Permission.CLUSTER_CREATE, project.id)
-    if request.gpu_model not in GPU_MODELS:
-        known = "; ".join(sorted(GPU_MODELS))
-        raise InvalidInput(
-            f"unknown gpu_model {request.gpu_model!r} (known: {known})", field="gpu_model"
-        )
-    drivers.check_provider(request.provider.value)
-    drivers.scheduler(request.scheduler.value)
-    provider_config = await check_provider_config(
-        session, project_id=project.id, kind=request.provider, raw=request.provider_config
+    """Record the cluster and one node row per slot; the provisioning loop does the rest.
+
+    A kubernetes cluster needs ``kube`` (``check_cluster_access``, made before this
+    transaction) and the ``keyring`` that seals its kubeconfig, stored in this same
+    transaction.
+    """
+    project, provider_config = await _check_create(
+        session, caller=caller, request=request, drivers=drivers
     )
-    _check_bounds(size=request.size, lo=request.autoscale_min, hi=request.autoscale_max)
-    check_suite(request.acceptance_suite)
-    if await _live_cluster_named(session, project_id=project.id, name=request.name):
-        raise Conflict(
-            f"project {project.name} already has a cluster named {request.name!r}", field="name"
+    if request.scheduler is not SchedulerKind.KUBERNETES:
+        kube = None
+    elif kube is None or keyring is None:
+        raise InvalidInput(
+            "scheduler: a kubernetes cluster is created with its API server checked first "
+            "(POST /api/v1/clusters with kubeconfig or kube_in_cluster)",
+            field="scheduler",
         )
     now = utcnow()
     row = ClusterRow(
@@ -185,6 +217,13 @@ async def create_cluster(
         updated_at=now,
         deleted_at=None,
     )
+    scheduler_config: SchedulerConfig | None = None
+    if kube is not None and keyring is not None:
+        scheduler_config = store_kube_access(
+            session, access=kube, cluster_id=row.id, project_id=project.id, caller=caller,
+            keyring=keyring, now=now,
+        )  # fmt: skip
+        row.scheduler_config = scheduler_config.model_dump(mode="json")
     session.add(row)
     session.add_all(new_node_rows(row, slots=range(request.size), now=now))
     record_event(
@@ -193,6 +232,7 @@ async def create_cluster(
         message=(
             f"cluster {row.name} created: {row.size} × {row.gpus_per_node} {row.gpu_model}, "
             f"provider {row.provider}, scheduler {row.scheduler}"
+            + (f" ({describe_kube_access(kube)})" if kube is not None else "")
         ),
         project_id=project.id,
         cluster_id=row.id,
@@ -207,7 +247,7 @@ async def create_cluster(
         object_id=row.id,
         project_id=project.id,
         source_ip=caller.source_ip,
-        detail=request.model_dump(mode="json", exclude={"startup_scripts"}),
+        detail=audited_request(request, scheduler_config),
     )
     if not request.acceptance_tests:
         _record_opt_out(
@@ -226,6 +266,33 @@ async def create_cluster(
         gpus=0,
     )
     return cluster_row_to_cluster(row, counts=counts)
+
+
+async def _check_create(
+    session: AsyncSession, *, caller: Caller, request: CreateClusterRequest, drivers: DriverRegistry
+) -> tuple[ProjectRow, ProviderConfig]:
+    """Every check of a create that needs no network: the caller's role, the node spec,
+    the drivers, the provider's configuration, bounds, suite, a free name."""
+    project = await get_project_row_or_error(session, caller=caller, ref=request.project)
+    require(caller, Permission.CLUSTER_CREATE, project.id)
+    check_kube_fields(request)
+    if request.gpu_model not in GPU_MODELS:
+        known = "; ".join(sorted(GPU_MODELS))
+        raise InvalidInput(
+            f"unknown gpu_model {request.gpu_model!r} (known: {known})", field="gpu_model"
+        )
+    drivers.check_provider(request.provider.value)
+    drivers.check_scheduler(request.scheduler.value)
+    provider_config = await check_provider_config(
+        session, project_id=project.id, kind=request.provider, raw=request.provider_config
+    )
+    _check_bounds(size=request.size, lo=request.autoscale_min, hi=request.autoscale_max)
+    check_suite(request.acceptance_suite)
+    if await _live_cluster_named(session, project_id=project.id, name=request.name):
+        raise Conflict(
+            f"project {project.name} already has a cluster named {request.name!r}", field="name"
+        )
+    return project, provider_config
 
 
 def _check_bounds(*, size: int, lo: int | None, hi: int | None) -> None:

@@ -1,8 +1,10 @@
-"""Credentials: BMC passwords, SSH private keys and cloud keys, sealed at rest.
+"""Credentials: BMC passwords, SSH private keys, cloud keys and kubeconfigs, sealed at
+rest.
 
 Write-only: a secret goes in (create or replace by name) and never comes back out of the
-API. Only ``services/host_directory.py`` opens one, for a driver's call (a host's
-BMC/SSH credential, or an aws cluster's key). Events, audit
+API. Only the drivers' builders open one, for a driver's call: ``services/host_directory.py``
+(a host's BMC/SSH credential, or an aws cluster's key) and ``services/kube_schedulers.py``
+(a kubernetes cluster's kubeconfig, stored at the cluster's creation). Events, audit
 rows, log lines and error messages name the credential and the key id, never the secret.
 """
 
@@ -13,11 +15,12 @@ import datetime as dt
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.enums import ClusterStatus, ProviderKind
+from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.inventory import CredentialKind, KeyRotationResult, StoredCredential
 from gpufleet.core.rbac import Permission
+from gpufleet.schedulers.kubernetes.config import MAX_KUBECONFIG_BYTES, load_kubeconfig
 from gpufleet.server.db.tables import ClusterRow, CredentialRow, HostRow, ProjectRow
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller
@@ -128,8 +131,14 @@ async def put_credential(
         raise Conflict(NO_KEY_MESSAGE, field="secret")
     if not secret.strip():
         raise InvalidInput("secret: empty; give the password or key", field="secret")
-    if len(secret) > MAX_SECRET_CHARS:
-        raise InvalidInput(f"secret: longer than {MAX_SECRET_CHARS} characters", field="secret")
+    limit = MAX_KUBECONFIG_BYTES if kind is CredentialKind.KUBECONFIG else MAX_SECRET_CHARS
+    if len(secret) > limit:
+        raise InvalidInput(f"secret: longer than {limit} characters", field="secret")
+    if kind is CredentialKind.KUBECONFIG:
+        try:
+            load_kubeconfig(secret)  # says what is wrong, never quotes the file
+        except ValueError as exc:
+            raise InvalidInput(f"secret: {exc}", field="secret") from None
     row = await find_credential_row(session, project_id=project.id, ref=name)
     created = row is None
     if row is None:
@@ -166,7 +175,8 @@ async def put_credential(
 async def delete_credential(
     session: AsyncSession, *, caller: Caller, project_ref: str, credential_ref: str
 ) -> StoredCredential:
-    """Delete a credential no host and no aws cluster uses (409 naming them otherwise)."""
+    """Delete a credential no host, no aws cluster and no kubernetes cluster uses (409
+    naming them otherwise)."""
     project = await get_project_row_for(
         session, caller=caller, ref=project_ref, permission=Permission.CREDENTIAL_MANAGE
     )
@@ -206,6 +216,26 @@ async def delete_credential(
             "them at another credential (`gpufleet clusters provider-config set`) first",
             field="credential",
         )
+    kube_clusters = [
+        c.name
+        for c in await session.scalars(
+            select(ClusterRow)
+            .where(
+                ClusterRow.project_id == project.id,
+                ClusterRow.scheduler == SchedulerKind.KUBERNETES.value,
+                ClusterRow.status != ClusterStatus.DELETED.value,
+            )
+            .order_by(ClusterRow.name)
+        )
+        if (c.scheduler_config or {}).get("credential_id") == row.id
+    ]
+    if kube_clusters:
+        raise Conflict(
+            f"credential {row.name} is the kubeconfig of kubernetes cluster(s) "
+            f"{', '.join(kube_clusters)}; delete them first (replacing it with `gpufleet "
+            "credentials set` keeps them working)",
+            field="credential",
+        )
     model = credential_row_to_model(row)
     await session.delete(row)
     record_audit(
@@ -221,8 +251,8 @@ async def delete_credential(
 
 
 def open_credential(keyring: Keyring, row: CredentialRow) -> str:
-    """The secret of ``row`` (only ``services/host_directory.py`` calls this, for a
-    driver)."""
+    """The secret of ``row`` (only ``services/host_directory.py`` and
+    ``services/kube_schedulers.py`` call this, for a driver)."""
     return keyring.open(
         key_id=row.key_id,
         blob=row.ciphertext,

@@ -295,12 +295,18 @@ async def get_repair(
     session: AsyncSession, *, caller: Caller, repair_id: str, drivers: DriverRegistry
 ) -> Repair:
     """One repair, with the jobs on its node read live from the scheduler (the stored
-    evidence keeps what ran there when it was recommended)."""
+    evidence keeps what ran there when it was recommended).
+
+    The scheduler is asked after this read-only session's transaction has ended (its
+    rows stay loaded): no network call inside a transaction, and on SQLite a driver that
+    reads the store itself (a kubernetes cluster's, for its kubeconfig) would otherwise
+    wait on this session's lock."""
     repair, cluster, node = await get_repair_row_or_error(
         session, caller=caller, repair_id=repair_id
     )
     jobs: list[dict[str, Any]] | None = None
     if node is not None and RepairStatus(repair.status) in OPEN_STATUSES:
+        await session.commit()  # nothing written; ends the transaction, rows kept
         jobs = await jobs_on_node(drivers, cluster=cluster, node=node)
     return repair_row_to_repair(repair, node_name=node.name if node else None, jobs=jobs)
 

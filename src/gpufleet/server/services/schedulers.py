@@ -16,9 +16,15 @@ class _Scoped(Protocol):
 
 
 def scheduler_for(drivers: DriverRegistry, cluster: Cluster | ClusterRow) -> Scheduler:
-    """The cluster's scheduler driver, scoped to the cluster where the driver serves many
-    (the sim: node names repeat across clusters)."""
-    scheduler = drivers.scheduler(str(cluster.scheduler))  # the plain value, also of an enum
+    """The cluster's scheduler driver: the cluster's own where the driver is per cluster
+    (kubernetes: its API server and kubeconfig; building it does no I/O), else the
+    server's, scoped to the cluster where the driver serves many (the sim: node names
+    repeat across clusters)."""
+    kind = str(cluster.scheduler)  # the plain value, also of an enum
+    per_cluster = drivers.per_cluster_schedulers.get(kind)
+    if per_cluster is not None:
+        return per_cluster.for_cluster(cluster)
+    scheduler = drivers.scheduler(kind)
     if isinstance(scheduler, _Scoped):
         return scheduler.for_cluster(cluster.id)
     return scheduler

@@ -2,8 +2,11 @@
 drains with no repair behind them, draining → drained (``settle_manual_drains``).
 
 The jobs are read each pass; a scheduler that cannot be read means wait, never kill
-(fail closed). At the drain timeout the policy says wait or requeue; jobs are killed only
-when an admin forced the repair.
+(fail closed). A scheduler whose drain moves the work away (Kubernetes' Eviction API,
+``SupportsEviction``) is asked again each pass: a pod a disruption budget keeps, or one
+still in its grace period, keeps the node draining like a job. At the drain timeout the
+policy says wait or requeue (where the scheduler can requeue); jobs are killed only when
+an admin forced the repair.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ from gpufleet.core.clock import Clock
 from gpufleet.core.enums import NodeState, RepairStatus
 from gpufleet.core.errors import DriverError
 from gpufleet.core.repair.models import ACTIVE_STATUSES, DrainTimeoutAction
-from gpufleet.schedulers.base import SchedJob, SupportsDown, SupportsRequeue
+from gpufleet.schedulers.base import (
+    EvictionPass,
+    SchedJob,
+    SupportsDown,
+    SupportsEviction,
+    SupportsRequeue,
+)
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
@@ -34,13 +43,19 @@ from gpufleet.server.workers.repairs.context import (
 async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
     scheduler = ctx.scheduler(loaded)
     name = loaded.scheduler_name
+    evicting = EvictionPass()
     try:
+        if isinstance(scheduler, SupportsEviction) and not loaded.progress.get("killed_at"):
+            evicting = await scheduler.evict_pods(name)
         jobs = await scheduler.jobs_on_node(name)
     except DriverError as exc:
         # Fail closed: if we cannot see the jobs, we cannot know they are gone.
         await ctx.note(loaded, f"job state unreadable, waiting (nothing is killed): {exc.message}")
         return
-    if not jobs:
+    if evicting.evicted:
+        await ctx.note(loaded, f"evicted {', '.join(evicting.evicted)}")
+    leaving = evicting.blocked + evicting.terminating
+    if not jobs and not leaving:
         ctx.failpoints.hit("repair.draining.after_empty")
         await ctx.transition(
             loaded,
@@ -52,7 +67,7 @@ async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
     repair, policy = loaded.repair, loaded.policy
     now = ctx.clock.now()
     waited = (now - (repair.step_started_at or now)).total_seconds()
-    listing = _listing(jobs)
+    listing = _listing(jobs) + _leaving(evicting)
     timed_out = waited >= policy.drain_timeout_s
     if (loaded.progress.get("kill_now") or (repair.forced and timed_out)) and isinstance(
         scheduler, SupportsDown
@@ -95,6 +110,21 @@ async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
 def _listing(jobs: list[SchedJob]) -> str:
     shown = ", ".join(f"{j.job_id} ({j.user}, {j.account})" for j in jobs[:5])
     return shown + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
+
+
+def _leaving(evicting: EvictionPass) -> str:
+    """Pods that keep the node draining besides the jobs: a disruption budget's refusal
+    (with its message), a grace period still running."""
+    out = ""
+    if evicting.blocked:
+        more = len(evicting.blocked) - 3
+        out += "; eviction refused for now: " + ", ".join(evicting.blocked[:3])
+        out += f" and {more} more" if more > 0 else ""
+    if evicting.terminating:
+        more = len(evicting.terminating) - 3
+        out += "; terminating: " + ", ".join(evicting.terminating[:3])
+        out += f" and {more} more" if more > 0 else ""
+    return out
 
 
 # -- manual drains ----------------------------------------------------------------------

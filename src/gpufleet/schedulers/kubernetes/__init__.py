@@ -1,0 +1,1 @@
+"""The Kubernetes scheduler driver (docs/kubernetes.md)."""
