@@ -7,6 +7,7 @@ pytest's default import mode puts each test folder on sys.path.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import httpx
@@ -239,3 +240,19 @@ async def member_client(app: RunningApp, project: str = "ml") -> httpx.AsyncClie
     )
     assert created.status_code == 201, created.text
     return app.with_token(created.json()["token"])
+
+
+async def console_page(app: RunningApp, path: str) -> httpx.Response:
+    """``path`` of the console (asserted 200), logged in through its token form as the
+    owner. https: the console's session cookies are Secure."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app.app), base_url="https://gpufleet.test"
+    ) as browser:
+        login = await browser.get("/login", params={"next": path})
+        csrf = re.search(r'name="login_csrf" value="([^"]*)"', login.text)
+        assert csrf is not None, login.text
+        form = {"login_csrf": csrf.group(1), "next": path, "token": app.owner_token}
+        assert (await browser.post("/login", data=form)).status_code == 303
+        page = await browser.get(path)
+    assert page.status_code == 200, f"{path}: {page.status_code} {page.text[:500]}"
+    return page

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from apihelpers import create_project, error_of
+from apihelpers import console_page, create_project, error_of
 from inventoryhelpers import KEY_A, KEY_B, keyed_app, put_credential
 from sqlalchemy import select
 
@@ -24,19 +22,25 @@ from gpufleet.core.errors import DriverError
 from gpufleet.schedulers.base import SupportsDown, SupportsDrain, SupportsEviction
 from gpufleet.schedulers.kubernetes.config import KubernetesConfig
 from gpufleet.schedulers.kubernetes.driver import KubernetesScheduler
+from gpufleet.schedulers.slurm.config import SlurmConfig
+from gpufleet.schedulers.slurm.driver import SlurmScheduler
 from gpufleet.server.db.tables import AuditLogRow, ClusterRow, CredentialRow, EventRow
 from gpufleet.server.main import rotate_secret_key
 from gpufleet.server.schemas.clusters import CreateClusterRequest
 from gpufleet.server.services.credentials import open_credential
 from gpufleet.server.services.keyring import Keyring, decode_key
-from gpufleet.server.services.kube_schedulers import ClusterKubeScheduler, KubeSchedulers
+from gpufleet.server.services.kube_schedulers import (
+    ClusterKubeScheduler,
+    KubeSchedulers,
+    scheduler_config_of,
+)
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.testing.app import RunningApp, make_settings
 from gpufleet.testing.kube_api import NODES, RunningKubeApi, kube_api
 from gpufleet.testing.processes import free_port
 
-APP_URL = "https://gpufleet.test"  # https: the console's session cookies are Secure
 # Recognisable, and unlike anything else the server writes.
+APP_URL = "https://gpufleet.test"  # the console's session cookies are Secure
 TOKEN = "kube-canary-4b1d7e-TOKEN-do-not-leak"
 
 
@@ -102,21 +106,6 @@ async def _texts_written(app: RunningApp) -> list[str]:
     ]
 
 
-async def _console_page(app: RunningApp, path: str) -> httpx.Response:
-    """``path`` of the console, logged in through its token form as the owner."""
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app.app), base_url=APP_URL
-    ) as browser:
-        login = await browser.get("/login", params={"next": path})
-        csrf = re.search(r'name="login_csrf" value="([^"]*)"', login.text)
-        assert csrf is not None, login.text
-        form = {"login_csrf": csrf.group(1), "next": path, "token": app.owner_token}
-        assert (await browser.post("/login", data=form)).status_code == 303
-        page = await browser.get(path)
-    assert page.status_code == 200, page.text
-    return page
-
-
 async def test_a_kubernetes_cluster_is_created_with_its_kubeconfig_sealed_and_never_shown(
     database_url: str, tmp_path: Path, api: RunningKubeApi, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -140,7 +129,7 @@ async def test_a_kubernetes_cluster_is_created_with_its_kubeconfig_sealed_and_ne
             (f"kubeconfig-{cluster['id']}", "kubeconfig", config["credential_id"])
         ]
         one = await app.client.get(f"/api/v1/projects/ml/credentials/kubeconfig-{cluster['id']}")
-        page = await _console_page(app, f"/clusters/{cluster['id']}/configuration")
+        page = await console_page(app, f"/clusters/{cluster['id']}/configuration")
         assert api.url in page.text and config["credential_id"] in page.text
         # In use by the cluster: the credential cannot go.
         refused = await app.client.delete(
@@ -316,6 +305,7 @@ async def test_in_cluster_credentials_store_nothing_secret(
         assert created.status_code == 201, created.text
         assert created.json()["scheduler_config"] == {
             "credential_id": None, "context": None, "server": None, "in_cluster": True,
+            "slurm": False,
         }  # fmt: skip
         clusters, credentials = await _stored(app)
         assert len(clusters) == 1 and credentials == []
@@ -344,3 +334,43 @@ def test_neither_the_request_nor_the_checked_access_shows_the_kubeconfig() -> No
         kubeconfig=TOKEN, context="lab", server="https://k", in_cluster=False, version="v1"
     )
     assert TOKEN not in repr(access)
+
+
+async def test_slurm_on_its_nodes_goes_through_the_servers_slurm_driver(
+    database_url: str, tmp_path: Path, api: RunningKubeApi
+) -> None:
+    """``kube_slurm``: the cluster's driver is built with the server's Slurm driver (it
+    drains the Slurm side first, tests/schedulers/slurm/test_lab_slinky.py); refused on a
+    server without one, nothing stored."""
+    async with keyed_app(database_url, tmp_path) as app:
+        await create_project(app.client, "ml")
+        drivers = app.ctx.drivers
+        kube = drivers.per_cluster_schedulers["kubernetes"]
+        assert isinstance(kube, KubeSchedulers)
+        # The server's Slurm driver (the host's Slurm here; none is called by this test).
+        slurm = drivers.schedulers.pop("slurm", None)
+        if slurm is None:  # a host without Slurm's commands: the server built none
+            slurm = SlurmScheduler(SlurmConfig())
+            kube._slurm = slurm
+        refused = await app.client.post(
+            "/api/v1/clusters", json=_kube_body(api.kubeconfig(token=TOKEN), kube_slurm=True)
+        )
+        assert refused.status_code == 422, refused.text
+        assert error_of(refused)["field"] == "kube_slurm"
+        assert "no Slurm driver" in error_of(refused)["message"]
+        assert await _stored(app) == ([], [])
+
+        drivers.schedulers["slurm"] = slurm
+        created = await app.client.post(
+            "/api/v1/clusters", json=_kube_body(api.kubeconfig(token=TOKEN), kube_slurm=True)
+        )
+        assert created.status_code == 201, created.text
+        assert created.json()["scheduler_config"]["slurm"] is True
+        async with app.ctx.db.session() as session:
+            (row,) = await session.scalars(select(ClusterRow))
+        scheduler = scheduler_for(drivers, row)
+        assert isinstance(scheduler, ClusterKubeScheduler)
+        built = await kube.build(
+            cluster_id=row.id, cluster_name=row.name, config=scheduler_config_of(row)
+        )
+        assert built.slurm is slurm

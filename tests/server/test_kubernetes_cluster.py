@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from apihelpers import error_of, member_client
+from apihelpers import console_page, error_of, member_client
 from inventoryhelpers import KEY_A
 
 from gpufleet.testing.fleet import SimFleet, sim_app
@@ -163,6 +163,17 @@ async def test_xid_79_on_a_kubernetes_node_is_repaired_through_the_kubernetes_ap
         assert held["status"] == "draining", held
         assert "eviction refused for now: ml/train-0" in held["detail"], held["detail"]
         assert api.emulator.stored(PODS, "train-0", "ml") is not None
+
+        # The console's tabs work for it as for Slurm: the GPU pod is the node's job.
+        cid, node_id = fleet.cluster_id, fleet.nodes[target]["id"]
+        for tab in ("health", "events", "repairs", "configuration"):
+            await console_page(fleet.app, f"/clusters/{cid}/{tab}")
+        assert "ml/train-0" in (await console_page(fleet.app, f"/clusters/{cid}/nodes")).text
+        assert (
+            "ml/train-0" in (await console_page(fleet.app, f"/clusters/{cid}/nodes/{node_id}")).text
+        )
+        shown = (await console_page(fleet.app, f"/clusters/{cid}/repairs/{repair['id']}")).text
+        assert "eviction refused for now" in shown
 
         # The budget allows one more (a replacement became healthy): evicted, then gone
         # after its grace period; the machine is rebooted through the provider.

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpufleet.agent.access import AccessApplier, AccessSync
@@ -25,8 +27,9 @@ from gpufleet.agent.detectors import Detector
 from gpufleet.agent.enroll import obtain_node_token
 from gpufleet.agent.exporter import serve
 from gpufleet.agent.gres_check import GresCheck
+from gpufleet.agent.kube_pods import NodePods, in_cluster_api_url
 from gpufleet.agent.outbox import Outbox
-from gpufleet.agent.runtime import Agent, SampleCheck
+from gpufleet.agent.runtime import Agent, FindingContext, SampleCheck
 from gpufleet.agent.sender import Sender, SendStatus
 from gpufleet.agent.settings import AgentSettings
 from gpufleet.agent.spool import Spool
@@ -135,6 +138,29 @@ def build_access_sync(settings: AgentSettings, client: AgentClient) -> AccessSyn
     return AccessSync(client, applier, interval_s=settings.access_interval_s)
 
 
+def build_node_pods(
+    settings: AgentSettings, *, environ: Mapping[str, str], clock: Clock
+) -> NodePods | None:
+    """Kubernetes mode: the reader of this node's pods, for findings' pod context."""
+    if not settings.kubernetes_node:
+        return None
+    api_url = settings.kubernetes_api_url or in_cluster_api_url(environ)
+    if api_url is None:
+        log.warning(
+            "Kubernetes mode, but no API server: not in a pod (no KUBERNETES_SERVICE_HOST) "
+            "and GPUFLEET_AGENT_KUBERNETES_API_URL unset; findings carry no pod context"
+        )
+        return None
+    return NodePods(
+        node=settings.kubernetes_node,
+        api_url=api_url,
+        token_file=settings.kubernetes_token_file,
+        ca_file=settings.kubernetes_ca_file,
+        interval_s=settings.kubernetes_pods_interval_s,
+        clock=clock,
+    )
+
+
 def node_serial() -> str | None:
     try:
         text = Path("/sys/class/dmi/id/product_serial").read_text(encoding="utf-8").strip()
@@ -150,6 +176,7 @@ def build_agent(
     collectors: list[Collector],
     sources: list[EventSource],
     clock: Clock | None = None,
+    context: FindingContext | None = None,
 ) -> Agent:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     spool = Spool(settings.state_dir, metrics_limit_bytes=int(settings.spool_metrics_mb * 2**20))
@@ -180,6 +207,7 @@ def build_agent(
         state_dir=settings.state_dir,
         sample_interval_s=settings.sample_interval_s,
         checks=build_checks(settings, collectors),
+        context=context,
     )
 
 
@@ -210,7 +238,15 @@ async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None
     client = AgentClient(
         base_url=settings.server_url, node_token=token, timeout_s=settings.request_timeout_s
     )
-    agent = build_agent(settings, client=client, collectors=collectors, sources=sources)
+    pods = build_node_pods(settings, environ=os.environ, clock=SystemClock())
+    agent = build_agent(
+        settings,
+        client=client,
+        collectors=collectors,
+        sources=sources,
+        context=pods.context if pods is not None else None,
+    )
+    pods_task = asyncio.create_task(pods.run(stop), name="kube-pods") if pods else None
     commands = (
         asyncio.create_task(build_command_channel(settings, client).run(), name="commands")
         if settings.commands
@@ -234,6 +270,10 @@ async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None
         if access_task is not None:
             stop.set()
             await access_task
+        if pods is not None and pods_task is not None:
+            stop.set()
+            await pods_task
+            await pods.aclose()
         if commands is not None:
             commands.cancel()  # running commands are killed and recorded failed
             with contextlib.suppress(asyncio.CancelledError, Exception):

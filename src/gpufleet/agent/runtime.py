@@ -4,7 +4,8 @@
   raises is logged (once per distinct error) and skipped, the others go on;
 * each event source (kernel log, NVML events) runs in its own task, restarted with a
   delay if it crashes;
-* every finding change is spooled (fsync) and the sender woken at once;
+* every finding change is spooled (fsync) and the sender woken at once; an open one
+  first gets the optional ``context`` line (Kubernetes mode: the pods on the node);
 * every ``report_interval_s`` the latest GPU readings become one metrics report.
 """
 
@@ -16,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -29,15 +30,20 @@ from gpufleet.agent.collectors.base import (
     Sample,
 )
 from gpufleet.agent.detectors import Detector
-from gpufleet.agent.findings import FindingChange
+from gpufleet.agent.findings import FindingChange, with_context
 from gpufleet.agent.sender import Sender, SendStatus
 from gpufleet.agent.spool import Spool
-from gpufleet.core.agent_protocol import GpuSample, NodeReport
+from gpufleet.core.agent_protocol import FindingState, GpuSample, NodeReport
 from gpufleet.core.clock import Clock
 
 log = logging.getLogger(__name__)
 
 SOURCE_RESTART_S = 5.0  # a crashed event source is restarted after this long
+
+# What the node looks like now, as one line for an open finding's evidence (None: nothing
+# known). Called as the finding is spooled, so it must be quick and never block.
+FindingContext = Callable[[], str | None]
+_CONTEXT = "(finding context)"  # its failures are remembered beside the collectors'
 
 
 class SampleCheck(Protocol):
@@ -61,6 +67,7 @@ class Agent:
         state_dir: Path,
         sample_interval_s: float,
         checks: Sequence[SampleCheck] = (),
+        context: FindingContext | None = None,
     ) -> None:
         self.collectors = list(collectors)
         self.checks = list(checks)
@@ -75,6 +82,7 @@ class Agent:
         self.latest: dict[str, Sample] = {}  # by GPU UUID / port, for reports and /metrics
         self._report_seq = 0
         self._errors: dict[str, str] = {}
+        self._context = context
         findings, unsent = load_open_findings(self._snapshot)
         self.detector.restore(findings, unsent=unsent)
 
@@ -98,8 +106,7 @@ class Agent:
         for sample in result.samples:
             self.latest[sample.gpu_uuid or sample.component or "node"] = sample
         changes = self.detector.observe(result, now) + self.detector.tick(now)
-        self.submit(changes)
-        return changes
+        return self.submit(changes)
 
     async def on_events(self, events: list[Event]) -> None:
         changes = self.detector.events(events, self._clock.now())
@@ -109,13 +116,33 @@ class Agent:
             self._save_snapshot()
         self.submit(changes)
 
-    def submit(self, changes: list[FindingChange]) -> None:
-        """Spool durably, then wake the sender: the server hears of it at once."""
+    def submit(self, changes: list[FindingChange]) -> list[FindingChange]:
+        """Spool durably, then wake the sender: the server hears of it at once. Returns
+        the changes as spooled (open ones with the context line)."""
         if not changes:
-            return
+            return changes
+        changes = self._with_context(changes)
         self.spool.findings.add(changes)
         self._save_snapshot()
         self.sender.wake_findings()
+        return changes
+
+    def _with_context(self, changes: list[FindingChange]) -> list[FindingChange]:
+        # Only on what goes out: the detector keeps the bare evidence, so a repeat gets
+        # the context of its own moment, never a second line. A clear gets none.
+        if self._context is None or all(c.state is FindingState.CLEARED for c in changes):
+            return changes
+        try:
+            line = self._context()
+        except Exception as exc:  # the finding matters more than its context
+            if self._errors.get(_CONTEXT) != repr(exc):
+                log.exception("finding context failed; findings go without it (logged once)")
+                self._errors[_CONTEXT] = repr(exc)
+            return changes
+        self._errors.pop(_CONTEXT, None)
+        if not line:
+            return changes
+        return [with_context(c, line) if c.state is FindingState.OPEN else c for c in changes]
 
     def _save_snapshot(self) -> None:
         save_open_findings(

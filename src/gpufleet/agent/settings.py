@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gpufleet.schedulers.kubernetes.config import SERVICE_ACCOUNT_DIR
+
 _LOG_SOURCE = re.compile(r"^(auto|kmsg|journal|none|file:.+)$")
 
 
@@ -52,6 +54,35 @@ class AgentSettings(BaseSettings):
             "Kubernetes mode: the node this agent's DaemonSet pod runs on (the downward "
             "API's spec.nodeName). The node reports under this name (the Kubernetes node "
             "name, which the server's Kubernetes driver uses), whatever the pod's hostname."
+        ),
+    )
+    kubernetes_api_url: str | None = Field(
+        default=None,
+        max_length=2000,
+        description=(
+            "Kubernetes mode: the API server's base URL (http or https). Unset: "
+            "https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT, the in-cluster "
+            "address every pod is given. Set it for tests or an agent outside the cluster."
+        ),
+    )
+    kubernetes_token_file: Path = Field(
+        default=Path(SERVICE_ACCOUNT_DIR) / "token",
+        description=(
+            "The service-account token sent to the API server. Read again before each "
+            "listing: the kubelet rotates a projected token (hourly by default)."
+        ),
+    )
+    kubernetes_ca_file: Path = Field(
+        default=Path(SERVICE_ACCOUNT_DIR) / "ca.crt",
+        description="The cluster CA that an https API server's certificate must chain to.",
+    )
+    kubernetes_pods_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds between listings of this node's pods (a finding's pod context). 30 s: "
+            "training pods live hours, and 2,000 nodes cost the API server ~67 lists a "
+            "second, each served from its watch cache (resourceVersion=0)."
         ),
     )
     state_dir: Path = Field(
@@ -296,6 +327,15 @@ class AgentSettings(BaseSettings):
         if not _LOG_SOURCE.match(value):
             raise ValueError("kernel_log must be auto, kmsg, journal, none or file:PATH")
         return value
+
+    @field_validator("kubernetes_api_url")
+    @classmethod
+    def _api_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("kubernetes_api_url must be an http:// or https:// URL")
+        return value.rstrip("/")
 
     @model_validator(mode="after")
     def _backoff(self) -> AgentSettings:

@@ -105,12 +105,16 @@ def _node_rows(nodes: NodeCounts | None) -> list[tuple[str, Text | str]]:
 def _scheduler_rows(config: SchedulerConfig | None) -> list[tuple[str, Text | str]]:
     if config is None:
         return []
+    slurm = (
+        [("  slurm", "on its nodes (Slinky): holds drain in Slurm first")] if config.slurm else []
+    )
     if config.in_cluster:
-        return [("  credentials", "in-cluster (the server's own service account)")]
+        return [("  credentials", "in-cluster (the server's own service account)"), *slurm]
     return [
         ("  api server", config.server or "-"),
         ("  context", config.context or "-"),
         ("  kubeconfig", f"stored sealed (credential {config.credential_id})"),
+        *slurm,
     ]
 
 
@@ -249,6 +253,14 @@ def create_cluster(
             "in that cluster) instead of a kubeconfig.",
         ),
     ] = False,
+    slinky: Annotated[
+        bool,
+        typer.Option(
+            "--slinky",
+            help="kubernetes: Slurm runs on its nodes (Slinky slurmd pods); a repair drains "
+            "the Slurm node first, through the server's Slurm driver.",
+        ),
+    ] = False,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Create a cluster; it provisions, runs acceptance tests, then becomes ready."""
@@ -256,6 +268,8 @@ def create_cluster(
     kubeconfig = _kube_options(
         scheduler, kubeconfig_file=kubeconfig_file, context=kube_context, in_cluster=in_cluster
     )
+    if slinky and scheduler is not SchedulerKind.KUBERNETES:
+        raise CliError("--slinky is for --scheduler kubernetes only")
     settings = (
         provider_config.read_config_file(provider_config_file)
         if provider_config_file is not None
@@ -281,6 +295,7 @@ def create_cluster(
             kubeconfig=kubeconfig,
             kube_context=kube_context,
             kube_in_cluster=in_cluster,
+            kube_slurm=slinky,
         )
     emit(output, cluster, _render_one)
 

@@ -289,11 +289,14 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
         kubeconfig: str | None = None,
         kube_context: str | None = None,
         kube_in_cluster: bool = False,
+        kube_slurm: bool = False,
     ) -> Cluster:
         """Create a cluster. A kubernetes one takes its API server's credentials:
         ``kubeconfig`` (the file's text; stored sealed, never shown again) with an
         optional ``kube_context``, or ``kube_in_cluster`` (the server's own pod's
-        service account); the server checks that the API server answers first."""
+        service account); the server checks that the API server answers first.
+        ``kube_slurm``: Slurm runs on its nodes under Slinky (holds drain in Slurm
+        first)."""
         body: dict[str, Any] = {
             "project": project,
             "name": name,
@@ -320,6 +323,8 @@ class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
             body["kube_context"] = kube_context
         if kube_in_cluster:
             body["kube_in_cluster"] = True
+        if kube_slurm:
+            body["kube_slurm"] = True
         return Cluster.model_validate(self._call("POST", f"{API}/clusters", body=body))
 
     def get_cluster(self, cluster_id: str) -> Cluster:

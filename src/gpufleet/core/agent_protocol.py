@@ -19,6 +19,7 @@ from gpufleet.core.enums import FindingSource, Severity
 
 MAX_GPUS_PER_NODE = 64
 MAX_REPORTS_PER_BATCH = 500
+MAX_EVIDENCE_CHARS = 4000  # a finding's evidence
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 
@@ -126,7 +127,7 @@ class FindingReport(_Wire):
     gpu_index: Annotated[int | None, Field(ge=0, lt=MAX_GPUS_PER_NODE)] = None
     pci_bus_id: Annotated[str | None, Field(max_length=32)] = None
     component: Annotated[str | None, Field(max_length=80)] = None  # e.g. "mlx5_0/1"
-    evidence: Annotated[str, Field(max_length=4000)] = ""
+    evidence: Annotated[str, Field(max_length=MAX_EVIDENCE_CHARS)] = ""
     count: Annotated[int, Field(ge=1, le=2**53)] = 1
     first_seen: dt.datetime
     last_seen: dt.datetime

@@ -115,6 +115,9 @@ class SchedulerConfig(_Domain):
     context: str | None = None  # the kubeconfig's context used; None in-cluster
     server: str | None = None  # the API server's URL; None in-cluster (the pod's own)
     in_cluster: bool = False
+    # Slurm runs on the cluster's nodes under Slinky (slurmd pods): a hold drains the
+    # node's Slurm node first, through the server's Slurm driver (docs/kubernetes.md).
+    slurm: bool = False
 
 
 class Cluster(_Domain):

@@ -69,6 +69,7 @@ from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
 from gpufleet.server.workers.repairs.executor import RepairExecutor
 from gpufleet.server.workers.repairs.planner import RepairPlanner
+from gpufleet.server.workers.slurmd_watch import SlurmdWatchLoop
 from gpufleet.server.workers.telemetry import TelemetryPruneLoop
 
 log = logging.getLogger(__name__)
@@ -104,12 +105,13 @@ def create_app(
         directory = DbHostDirectory(db=db, keyring=keyring, clock=clock)
         drivers.providers.update(bare_metal_providers(settings, directory=directory))
         drivers.per_cluster[ProviderKind.AWS.value] = AwsProviders(db=db, keyring=keyring)
-        drivers.per_cluster_schedulers[SchedulerKind.KUBERNETES.value] = KubeSchedulers(
-            db=db, keyring=keyring
-        )
         slurm = slurm_scheduler(settings)
         if slurm is not None:
             drivers.schedulers["slurm"] = slurm
+        # A kubernetes cluster with Slurm on its nodes (Slinky) drains through this one.
+        drivers.per_cluster_schedulers[SchedulerKind.KUBERNETES.value] = KubeSchedulers(
+            db=db, keyring=keyring, slurm=slurm
+        )
     ctx = AppContext(
         settings=settings,
         db=db,
@@ -271,6 +273,7 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             staleness_s=ctx.settings.staleness_s,
         ),
         AccountingLoop(deps, interval_s=ctx.settings.accounting_interval_s, drivers=ctx.drivers),
+        SlurmdWatchLoop(deps, interval_s=ctx.settings.slurmd_watch_interval_s, drivers=ctx.drivers),
         RepairPlanner(
             deps,
             interval_s=ctx.settings.repair_interval_s,

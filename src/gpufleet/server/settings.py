@@ -137,6 +137,14 @@ class ServerSettings(BaseSettings):
             "becomes a recommendation, and an approval starts, within a few seconds)."
         ),
     )
+    slurmd_watch_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds between reads of the slurmd pods of each kubernetes cluster (Slurm on "
+            "Kubernetes): a pod restarted or replaced by its controller becomes an event."
+        ),
+    )
     accounting_interval_s: float = Field(
         default=30.0,
         gt=0,

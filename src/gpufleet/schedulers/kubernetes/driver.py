@@ -100,6 +100,11 @@ class KubernetesScheduler:
     def server(self) -> str:
         return self._client.server
 
+    @property
+    def slurm(self) -> SlurmSide | None:
+        """The Slurm driver holds go through first (Slurm on Kubernetes), if any."""
+        return self._slurm
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -113,8 +118,12 @@ class KubernetesScheduler:
     async def list_nodes(self) -> list[SchedNode]:
         """Every node, with state, gpufleet's hold reason, GPUs and the GPU pods on it."""
         nodes = await self._guard(None, self._client.list_nodes())
-        pods = await self._pods(_LIVE_PODS, node=None)
-        return [to_sched_node(_node(obj), pods) for obj in nodes.get("items") or []]
+        on_node: dict[str, list[KubePod]] = {}
+        for pod in await self._pods(_LIVE_PODS, node=None):
+            if pod.node:
+                on_node.setdefault(pod.node, []).append(pod)
+        listed = [_node(obj) for obj in nodes.get("items") or []]
+        return [to_sched_node(n, on_node.get(n.name, [])) for n in listed]
 
     async def jobs_on_node(self, node: str) -> list[SchedJob]:
         """The GPU pods on ``node`` that have not ended. Raises ``DriverError`` for a node
@@ -126,6 +135,11 @@ class KubernetesScheduler:
         if self._slurm is not None and slurm_name is not None:
             jobs = await self._slurm.jobs_on_node(slurm_name) + jobs
         return jobs
+
+    async def slurmd_pods(self) -> list[KubePod]:
+        """The Slinky slurmd pods that have not ended, on every node (their node, Slurm
+        node, uid and restarts: a restart or a replacement is the self-healing daemon)."""
+        return [p for p in await self._pods(_LIVE_PODS, node=None) if p.slurm_node and p.node]
 
     async def pending_gpu_demand(self) -> int:
         """GPUs asked for by pods that wait for lack of ``nvidia.com/gpu`` (parsing.py)."""

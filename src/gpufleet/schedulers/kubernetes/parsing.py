@@ -120,6 +120,8 @@ class KubePod:
     exit_code: int | None
     unschedulable_reason: str | None  # PodScheduled=False, reason Unschedulable: its message
     hostname: str | None = None  # spec.hostname
+    restarts: int = 0  # its containers' restarts (the kubelet restarted them in place)
+    last_termination: str | None = None  # why a container last ended ("Error, exit 137")
 
     @property
     def key(self) -> str:
@@ -274,7 +276,29 @@ def parse_pod(obj: Mapping[str, Any]) -> KubePod:
         else None,
         unschedulable_reason=unschedulable,
         hostname=_text(spec.get("hostname")),
+        restarts=sum(
+            int(s["restartCount"])
+            for s in _list(status.get("containerStatuses"))
+            if isinstance(s, Mapping)
+            and isinstance(s.get("restartCount"), int)
+            and not isinstance(s.get("restartCount"), bool)
+            and s["restartCount"] >= 0
+        ),
+        last_termination=_last_termination(status),
     )
+
+
+def _last_termination(status: Mapping[str, Any]) -> str | None:
+    """How a container of the pod last ended, when one was restarted: reason and exit."""
+    for container in _list(status.get("containerStatuses")):
+        if not isinstance(container, Mapping):
+            continue
+        ended = _mapping(_mapping(container.get("lastState")).get("terminated"))
+        if ended:
+            reason = _text(ended.get("reason")) or "terminated"
+            code = ended.get("exitCode")
+            return f"{reason}, exit {code}" if isinstance(code, int) else reason
+    return None
 
 
 def pod_gpus(spec: Mapping[str, Any], *, where: str) -> int:

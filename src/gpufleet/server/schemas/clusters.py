@@ -61,6 +61,9 @@ class CreateClusterRequest(Request):
     kubeconfig: Kubeconfig | None = None
     kube_context: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = None
     kube_in_cluster: StrictBool = False
+    # Slurm runs on its nodes under Slinky: holds drain in Slurm first (the server's
+    # Slurm driver, GPUFLEET_SLURM_CONF / slurm_rest_url).
+    kube_slurm: StrictBool = False
 
 
 class SetProviderConfigRequest(Request):

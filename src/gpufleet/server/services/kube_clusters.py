@@ -46,7 +46,7 @@ from gpufleet.server.services.kube_schedulers import KubeSchedulers
 # Seconds the reach check at creation waits for the API server: long enough for a
 # distant control plane, short enough for a person waiting on a create.
 REACH_TIMEOUT_S = 10.0
-_KUBE_FIELDS = ("kubeconfig", "kube_context", "kube_in_cluster")
+_KUBE_FIELDS = ("kubeconfig", "kube_context", "kube_in_cluster", "kube_slurm")
 # Fields of a kubeconfig's user entry that are credentials, scrubbed from any message.
 _SECRET_USER_FIELDS = ("token", "password", "client-key-data", "client-certificate-data")
 
@@ -66,6 +66,7 @@ class KubeAccess:
     server: str | None
     in_cluster: bool
     version: str  # the API server's gitVersion, as it answered
+    slurm: bool = False  # Slurm on its nodes (Slinky), through the server's Slurm driver
 
 
 def check_kube_fields(request: CreateClusterRequest) -> None:
@@ -116,6 +117,12 @@ async def reach_kube_api(
         Conflict: a kubeconfig but no secret key to seal it with.
     """
     check_kube_fields(request)
+    if request.kube_slurm and SchedulerKind.SLURM.value not in drivers.schedulers:
+        raise InvalidInput(
+            "kube_slurm: this server has no Slurm driver to drain the Slurm side with; set "
+            "GPUFLEET_SLURM_CONF (or GPUFLEET_SLURM_REST_URL) for that Slurm cluster",
+            field="kube_slurm",
+        )
     schedulers = drivers.per_cluster_schedulers.get(SchedulerKind.KUBERNETES.value)
     if not isinstance(schedulers, KubeSchedulers):
         drivers.check_scheduler(SchedulerKind.KUBERNETES.value)  # names what is configured
@@ -130,8 +137,9 @@ async def reach_kube_api(
             "pod of that cluster; else give its kubeconfig)",
         )  # fmt: skip
         return KubeAccess(
-            kubeconfig=None, context=None, server=None, in_cluster=True, version=version
-        )
+            kubeconfig=None, context=None, server=None, in_cluster=True, version=version,
+            slurm=request.kube_slurm,
+        )  # fmt: skip
     assert request.kubeconfig is not None  # check_kube_fields
     if not keyring.configured:
         raise Conflict(NO_KEY_MESSAGE, field="kubeconfig")
@@ -157,6 +165,7 @@ async def reach_kube_api(
         server=target.server,
         in_cluster=False,
         version=version,
+        slurm=request.kube_slurm,
     )
 
 
@@ -210,7 +219,7 @@ def store_kube_access(
     """Seal the kubeconfig as the cluster's credential (in the caller's transaction, with
     the cluster) and answer the cluster's scheduler configuration."""
     if access.in_cluster:
-        return SchedulerConfig(in_cluster=True)
+        return SchedulerConfig(in_cluster=True, slurm=access.slurm)
     assert access.kubeconfig is not None
     row = CredentialRow(
         id=new_id(),
@@ -239,7 +248,11 @@ def store_kube_access(
         ts=now,
     )  # fmt: skip
     return SchedulerConfig(
-        credential_id=row.id, context=access.context, server=access.server, in_cluster=False
+        credential_id=row.id,
+        context=access.context,
+        server=access.server,
+        in_cluster=False,
+        slurm=access.slurm,
     )
 
 

@@ -33,7 +33,8 @@ from gpufleet.core.inventory import CredentialKind
 from gpufleet.core.models import Cluster, SchedulerConfig
 from gpufleet.schedulers.base import EvictionPass, SchedJob, SchedNode
 from gpufleet.schedulers.kubernetes.config import KubernetesConfig
-from gpufleet.schedulers.kubernetes.driver import KubernetesScheduler
+from gpufleet.schedulers.kubernetes.driver import KubernetesScheduler, SlurmSide
+from gpufleet.schedulers.kubernetes.parsing import KubePod
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import ClusterRow, CredentialRow
 from gpufleet.server.services.credentials import open_credential
@@ -43,7 +44,7 @@ from gpufleet.server.services.keyring import Keyring
 # and last change (a replaced kubeconfig or a re-seal changes rotated_at).
 _CacheKey = tuple[str, str | None, str | None, dt.datetime | None]
 
-DriverFactory = Callable[[KubernetesConfig], KubernetesScheduler]
+DriverFactory = Callable[..., KubernetesScheduler]  # (config, slurm=...) as the driver
 _STORE_AGAIN = (
     "store a working kubeconfig under that name (`gpufleet credentials set {name} "
     "--kind kubeconfig --secret-file FILE`)"
@@ -82,8 +83,10 @@ class KubeSchedulers:
         keyring: Keyring,
         timeout_s: float | None = None,
         factory: DriverFactory = KubernetesScheduler,
+        slurm: SlurmSide | None = None,
     ) -> None:
         self._db = db
+        self._slurm = slurm  # the server's Slurm driver, for clusters with Slurm on them
         self._keyring = keyring
         self._timeout_s = timeout_s
         self._factory = factory
@@ -172,6 +175,12 @@ class KubeSchedulers:
         if built is not None and built.key == key:
             return built.scheduler
         extra: dict[str, Any] = {} if self._timeout_s is None else {"timeout_s": self._timeout_s}
+        if config.slurm and self._slurm is None:
+            raise DriverError(
+                f"{where}: Slurm runs on its nodes, and this server has no Slurm driver to "
+                "drain them with; set GPUFLEET_SLURM_CONF (or GPUFLEET_SLURM_REST_URL)"
+            )
+        slurm = {"slurm": self._slurm} if config.slurm else {}
         try:
             scheduler = self._factory(
                 KubernetesConfig(
@@ -179,7 +188,8 @@ class KubeSchedulers:
                     context=config.context,
                     in_cluster=config.in_cluster,
                     **extra,
-                )
+                ),
+                **slurm,
             )
         except ValueError as exc:  # the kubeconfig's own words, never its secrets
             name = credential.removeprefix("credential ")
@@ -246,3 +256,6 @@ class ClusterKubeScheduler:
 
     async def evict_pods(self, node: str) -> EvictionPass:
         return await (await self._driver()).evict_pods(node)
+
+    async def slurmd_pods(self) -> list[KubePod]:
+        return await (await self._driver()).slurmd_pods()

@@ -1,0 +1,101 @@
+"""Slurm on Kubernetes: a slurmd pod restarted or replaced by its controller (the
+self-healing daemon) is an event on its node's timeline, each change recorded once, also
+across a server restart (the last state seen is the newest event). Against the API
+emulator of ``gpufleet.testing.kube_api``, with the sim provider's machines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from inventoryhelpers import KEY_A
+
+from gpufleet.server.workers.base import LoopDeps
+from gpufleet.server.workers.slurmd_watch import SlurmdWatchLoop
+from gpufleet.testing.fleet import sim_app
+from gpufleet.testing.kube_api import PODS, kube_api
+
+
+def _slurmd(name: str, node: str, *, slurm_node: str, restarts: int = 0) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "slurmd", "restartCount": restarts, "ready": True}],
+    }
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "slurm",
+            "labels": {"app.kubernetes.io/name": "slurmd"},
+            "ownerReferences": [{"kind": "NodeSet", "name": "gpu", "controller": True}],
+        },
+        "spec": {"nodeName": node, "hostname": slurm_node, "containers": [{"name": "slurmd"}]},
+        "status": status,
+    }
+
+
+async def test_a_restarted_or_replaced_slurmd_pod_is_an_event_once(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with kube_api() as api, sim_app(database_url, tmp_path, secret_key=KEY_A) as fleet:
+        created = await fleet.app.client.post(
+            "/api/v1/clusters",
+            json={
+                "project": "ml", "name": "kube", "scheduler": "kubernetes", "size": 2,
+                "acceptance_tests": False, "kubeconfig": api.kubeconfig(),
+            },
+        )  # fmt: skip
+        assert created.status_code == 201, created.text
+        cluster_id = created.json()["id"]
+        nodes = await fleet.nodes_of(cluster_id)
+        name = sorted(nodes)[0]
+        kube_node = nodes[name]["scheduler_name"] or name
+        api.emulator.seed(PODS, _slurmd("gpu-0", kube_node, slurm_node="gpu-0"))
+        api.emulator.seed(PODS, _slurmd("elsewhere", "not-ours", slurm_node="x"))
+        watch = fleet.loop(SlurmdWatchLoop)
+
+        async def daemon_events() -> list[dict[str, Any]]:
+            return await fleet.events(cluster_id, "node.daemon")
+
+        await watch.run_once()
+        (first,) = await daemon_events()
+        assert "runs in pod slurm/gpu-0" in first["message"] and first["node_id"]
+        await watch.run_once()
+        assert len(await daemon_events()) == 1  # nothing changed
+
+        # The kubelet restarts slurmd in place (its container was OOM-killed).
+        api.emulator.change(
+            PODS,
+            "gpu-0",
+            {
+                "status": {
+                    "containerStatuses": [
+                        {
+                            "name": "slurmd",
+                            "restartCount": 1,
+                            "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                        }
+                    ]
+                }
+            },
+            "slurm",
+        )
+        await watch.run_once()
+        events = await daemon_events()
+        assert len(events) == 2
+        assert "restarted by Kubernetes in pod slurm/gpu-0 (restarts 0 → 1" in events[-1]["message"]
+        assert "OOMKilled, exit 137" in events[-1]["message"]
+        assert events[-1]["data"]["source"] == "kubernetes"
+
+        # A server restart (a new loop, nothing in memory) records nothing twice.
+        deps = LoopDeps(db=fleet.app.ctx.db, clock=fleet.clock, owner="replica-2", lease_ttl_s=30)
+        again = SlurmdWatchLoop(deps, interval_s=30, drivers=fleet.app.ctx.drivers)
+        await again.run_once()
+        assert len(await daemon_events()) == 2
+
+        # The NodeSet controller replaces the pod: a new uid.
+        api.emulator.objects[PODS, "slurm", "gpu-0"].delete()
+        api.emulator.seed(PODS, _slurmd("gpu-0", kube_node, slurm_node="gpu-0"))
+        await again.run_once()
+        events = await daemon_events()
+        assert len(events) == 3
+        assert "replaced by its controller" in events[-1]["message"]
