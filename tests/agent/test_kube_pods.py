@@ -28,7 +28,7 @@ from gpufleet.core.agent_protocol import FindingState
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.enums import FindingSource, Severity
 from gpufleet.schedulers.kubernetes.parsing import parse_pod
-from gpufleet.testing.kube_api import NODES, PODS, RunningKubeApi, kube_api
+from gpufleet.testing.kube_api import NODES, PODS, RunningKubeApi, kube_api, pod_object
 from gpufleet.testing.waits import eventually
 
 NODE = "gpu-7"
@@ -37,27 +37,11 @@ LOGGER = "gpufleet.agent.kube_pods"
 
 
 def pod(
-    name: str,
-    on: str = NODE,
-    *,
-    gpus: int = 0,
-    ns: str = "ml",
-    owner: tuple[str, str] | None = ("Job", "train"),
-    phase: str = "Running",
-    labels: dict[str, str] | None = None,
-    **meta: Any,
+    name: str, on: str = NODE, *, ns: str = "ml", deleting: str | None = None, **kw: Any
 ) -> dict[str, Any]:
-    resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
-    obj: dict[str, Any] = {
-        "metadata": {"name": name, "namespace": ns, "labels": labels or {}, **meta},
-        "spec": {"nodeName": on, "containers": [{"name": "main", "resources": resources}]},
-        "status": {"phase": phase},
-    }
-    if owner is not None:
-        kind, owner_name = owner
-        obj["metadata"]["ownerReferences"] = [
-            {"kind": kind, "name": owner_name, "controller": True, "apiVersion": "v1", "uid": "u"}
-        ]
+    obj = pod_object(name, on, namespace=ns, **kw)
+    if deleting is not None:
+        obj["metadata"]["deletionTimestamp"] = deleting
     return obj
 
 
@@ -270,7 +254,7 @@ def listing_of(*objects: dict[str, Any], at: dt.datetime) -> PodListing:
 
 def test_five_pods_named_and_the_rest_counted(clock: FakeClock) -> None:
     objects = [pod(f"w-{i}", gpus=1, owner=("PyTorchJob", "llm")) for i in range(7)]
-    objects.append(pod("big", gpus=4, owner=None, deletionTimestamp="2026-01-01T00:00:00Z"))
+    objects.append(pod("big", gpus=4, owner=None, deleting="2026-01-01T00:00:00Z"))
     line = pods_line(NODE, listing_of(*objects, at=clock.now()), now=clock.now(), stale_after_s=60)
     assert line == (
         f"pods on {NODE}: ml/big (4 GPUs, terminating), ml/w-0 (PyTorchJob llm, 1 GPU), "

@@ -20,7 +20,7 @@ from apihelpers import console_page, error_of, member_client
 from inventoryhelpers import KEY_A
 
 from gpufleet.testing.fleet import SimFleet, sim_app
-from gpufleet.testing.kube_api import NODES, PDBS, PODS, RunningKubeApi, kube_api
+from gpufleet.testing.kube_api import NODES, PDBS, PODS, RunningKubeApi, kube_api, pod_object
 
 
 def _kube_node(name: str, *, boot_id: str) -> dict[str, Any]:
@@ -37,23 +37,7 @@ def _kube_node(name: str, *, boot_id: str) -> dict[str, Any]:
 
 
 def _pod(name: str, node: str, *, owner: tuple[str, str], gpus: int = 0) -> dict[str, Any]:
-    kind, owner_name = owner
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ml",
-            "labels": {"app": owner_name},
-            "ownerReferences": [{"kind": kind, "name": owner_name, "controller": True}],
-        },
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 30,
-            "containers": [
-                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}}
-            ],
-        },
-        "status": {"phase": "Running"},
-    }
+    return pod_object(name, node, owner=owner, gpus=gpus, labels={"app": owner[1]})
 
 
 def _kubelet(api: RunningKubeApi, node: str, ready: str, reason: str, **info: str) -> None:

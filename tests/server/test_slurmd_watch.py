@@ -13,24 +13,16 @@ from inventoryhelpers import KEY_A
 from gpufleet.server.workers.base import LoopDeps
 from gpufleet.server.workers.slurmd_watch import SlurmdWatchLoop
 from gpufleet.testing.fleet import sim_app
-from gpufleet.testing.kube_api import PODS, kube_api
+from gpufleet.testing.kube_api import PODS, kube_api, pod_object
 
 
 def _slurmd(name: str, node: str, *, slurm_node: str, restarts: int = 0) -> dict[str, Any]:
-    status: dict[str, Any] = {
-        "phase": "Running",
-        "containerStatuses": [{"name": "slurmd", "restartCount": restarts, "ready": True}],
-    }
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "slurm",
-            "labels": {"app.kubernetes.io/name": "slurmd"},
-            "ownerReferences": [{"kind": "NodeSet", "name": "gpu", "controller": True}],
-        },
-        "spec": {"nodeName": node, "hostname": slurm_node, "containers": [{"name": "slurmd"}]},
-        "status": status,
-    }
+    obj = pod_object(
+        name, node, namespace="slurm", owner=("NodeSet", "gpu"), hostname=slurm_node,
+        labels={"app.kubernetes.io/name": "slurmd"},
+    )  # fmt: skip
+    obj["status"]["containerStatuses"] = [{"name": "main", "restartCount": restarts, "ready": True}]
+    return obj
 
 
 async def test_a_restarted_or_replaced_slurmd_pod_is_an_event_once(
@@ -70,7 +62,7 @@ async def test_a_restarted_or_replaced_slurmd_pod_is_an_event_once(
                 "status": {
                     "containerStatuses": [
                         {
-                            "name": "slurmd",
+                            "name": "main",
                             "restartCount": 1,
                             "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
                         }

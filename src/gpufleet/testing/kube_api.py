@@ -360,3 +360,38 @@ def _matches_labels(item: Mapping[str, Any], selector: list[tuple[str, str, str 
         ):
             return False
     return True
+
+
+def pod_object(
+    name: str,
+    node: str | None,
+    *,
+    namespace: str = "ml",
+    gpus: int = 0,
+    owner: tuple[str, str] | None = ("Job", "train"),
+    phase: str = "Running",
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    grace_s: int = 30,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A Pod as the API server would hold it (``node``: its ``spec.nodeName``, None while
+    unscheduled), one container with ``gpus`` as its ``nvidia.com/gpu`` limit, owned by
+    ``owner`` (kind, name) as its controller. ``spec`` adds fields to the spec."""
+    resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if owner is not None:
+        kind, owner_name = owner
+        meta["ownerReferences"] = [
+            {"kind": kind, "name": owner_name, "controller": True, "apiVersion": "v1", "uid": "u"}
+        ]
+    body: dict[str, Any] = {
+        "containers": [{"name": "main", "resources": resources}],
+        "terminationGracePeriodSeconds": grace_s,
+        **spec,
+    }
+    if node is not None:
+        body["nodeName"] = node
+    return {"metadata": meta, "spec": body, "status": {"phase": phase}}

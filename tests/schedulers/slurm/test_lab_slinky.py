@@ -17,7 +17,7 @@ from gpufleet.schedulers.kubernetes.config import KubernetesConfig
 from gpufleet.schedulers.kubernetes.driver import KubernetesScheduler
 from gpufleet.schedulers.slurm.config import SlurmConfig
 from gpufleet.schedulers.slurm.driver import SlurmScheduler
-from gpufleet.testing.kube_api import NODES, PODS, kube_api
+from gpufleet.testing.kube_api import NODES, PODS, kube_api, pod_object
 from gpufleet.testing.slurm_lab import SlurmLab
 
 REPAIR = repair_hold("0191d3a4-0000-7000-8000-0000000000aa", signature_id="xid-79", action="reboot")
@@ -25,24 +25,11 @@ K8S_NODE = "k8s-gpu-2"
 
 
 def _pod(name: str, *, owner: tuple[str, str], gpus: int = 0, **spec: Any) -> dict[str, Any]:
-    kind, owner_name = owner
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "slurm",
-            "labels": {"app.kubernetes.io/name": "slurmd"} if kind == "NodeSet" else {},
-            "ownerReferences": [{"kind": kind, "name": owner_name, "controller": True}],
-        },
-        "spec": {
-            "nodeName": K8S_NODE,
-            "terminationGracePeriodSeconds": 5,
-            "containers": [
-                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}}
-            ],
-            **spec,
-        },
-        "status": {"phase": "Running"},
-    }
+    labels = {"app.kubernetes.io/name": "slurmd"} if owner[0] == "NodeSet" else {}
+    return pod_object(
+        name, K8S_NODE, namespace="slurm", owner=owner, gpus=gpus, labels=labels, grace_s=5,
+        **spec,
+    )  # fmt: skip
 
 
 async def test_slurm_is_drained_before_any_eviction_and_resumed_after_uncordon(

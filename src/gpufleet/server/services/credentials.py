@@ -11,8 +11,9 @@ rows, log lines and error messages name the credential and the key id, never the
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
@@ -197,38 +198,24 @@ async def delete_credential(
             field="credential",
         )
     # A cluster being deleted still needs its key: its machines are given back with it.
-    clusters = [
-        c.name
-        for c in await session.scalars(
-            select(ClusterRow)
-            .where(
-                ClusterRow.project_id == project.id,
-                ClusterRow.provider == ProviderKind.AWS.value,
-                ClusterRow.status != ClusterStatus.DELETED.value,
-            )
-            .order_by(ClusterRow.name)
-        )
-        if (c.provider_config or {}).get("credential") == row.name
-    ]
+    clusters = await _clusters_using(
+        session,
+        project_id=project.id,
+        kind=ClusterRow.provider == ProviderKind.AWS.value,
+        uses=lambda c: (c.provider_config or {}).get("credential") == row.name,
+    )
     if clusters:
         raise Conflict(
             f"credential {row.name} is used by aws cluster(s) {', '.join(clusters)}; point "
             "them at another credential (`gpufleet clusters provider-config set`) first",
             field="credential",
         )
-    kube_clusters = [
-        c.name
-        for c in await session.scalars(
-            select(ClusterRow)
-            .where(
-                ClusterRow.project_id == project.id,
-                ClusterRow.scheduler == SchedulerKind.KUBERNETES.value,
-                ClusterRow.status != ClusterStatus.DELETED.value,
-            )
-            .order_by(ClusterRow.name)
-        )
-        if (c.scheduler_config or {}).get("credential_id") == row.id
-    ]
+    kube_clusters = await _clusters_using(
+        session,
+        project_id=project.id,
+        kind=ClusterRow.scheduler == SchedulerKind.KUBERNETES.value,
+        uses=lambda c: (c.scheduler_config or {}).get("credential_id") == row.id,
+    )
     if kube_clusters:
         raise Conflict(
             f"credential {row.name} is the kubeconfig of kubernetes cluster(s) "
@@ -248,6 +235,27 @@ async def delete_credential(
         detail={"name": row.name, "kind": row.kind},
     )
     return model
+
+
+async def _clusters_using(
+    session: AsyncSession,
+    *,
+    project_id: str,
+    kind: ColumnElement[bool],
+    uses: Callable[[ClusterRow], bool],
+) -> list[str]:
+    """The names of the project's clusters of ``kind``, not deleted, that ``uses`` the
+    credential (by name)."""
+    rows = await session.scalars(
+        select(ClusterRow)
+        .where(
+            ClusterRow.project_id == project_id,
+            kind,
+            ClusterRow.status != ClusterStatus.DELETED.value,
+        )
+        .order_by(ClusterRow.name)
+    )
+    return [c.name for c in rows if uses(c)]
 
 
 def open_credential(keyring: Keyring, row: CredentialRow) -> str:

@@ -24,7 +24,7 @@ from gpufleet.schedulers.base import (
 )
 from gpufleet.schedulers.kubernetes.config import KubernetesConfig
 from gpufleet.schedulers.kubernetes.driver import KubernetesScheduler
-from gpufleet.testing.kube_api import NODES, PDBS, PODS, RunningKubeApi, kube_api
+from gpufleet.testing.kube_api import NODES, PDBS, PODS, RunningKubeApi, kube_api, pod_object
 
 REPAIR = repair_hold("0191d3a4-0000-7000-8000-000000000001", signature_id="xid-79", action="reboot")
 
@@ -50,35 +50,8 @@ def node(name: str, *, gpus: int = 8, ready: bool = True, **spec: Any) -> dict[s
     }
 
 
-def pod(
-    name: str,
-    on: str | None,
-    *,
-    gpus: int = 0,
-    ns: str = "ml",
-    owner: tuple[str, str] | None = ("Job", "train"),
-    phase: str = "Running",
-    labels: dict[str, str] | None = None,
-    **meta: Any,
-) -> dict[str, Any]:
-    resources = {"limits": {"nvidia.com/gpu": gpus}} if gpus else {}
-    obj: dict[str, Any] = {
-        "metadata": {"name": name, "namespace": ns, "labels": labels or {}, **meta},
-        "spec": {
-            "containers": [{"name": "main", "resources": resources}],
-            "terminationGracePeriodSeconds": 30,
-            "serviceAccountName": "trainer",
-        },
-        "status": {"phase": phase},
-    }
-    if on is not None:
-        obj["spec"]["nodeName"] = on
-    if owner is not None:
-        kind, owner_name = owner
-        obj["metadata"]["ownerReferences"] = [
-            {"kind": kind, "name": owner_name, "controller": True, "apiVersion": "v1", "uid": "u"}
-        ]
-    return obj
+def pod(name: str, on: str | None, *, ns: str = "ml", **kw: Any) -> dict[str, Any]:
+    return pod_object(name, on, namespace=ns, serviceAccountName="trainer", **kw)
 
 
 @pytest.fixture
