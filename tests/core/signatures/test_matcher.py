@@ -492,3 +492,28 @@ def test_a_custom_catalog_is_compiled_separately() -> None:
     [m] = KernelLogMatcher(cat).feed("[ 1.0] BOOM 0000:3b:00.0")
     assert (m.signature, m.pci) == ("boom", "0000:3b:00.0")
     assert KernelLogMatcher().feed("[ 1.0] BOOM 0000:3b:00.0") == []
+
+
+@pytest.mark.parametrize(
+    ("line", "signature", "pci"),
+    [
+        # Log scrubbers redact the address; the Xid still counts, for the node.
+        ("NVRM: Xid (PCI:<redacted>): 79, pid='<unknown>', name=<unknown>, GPU has fallen "
+         "off the bus.", "xid-79", None),
+        ("NVRM: Xid (PCI:XXXX:XX:XX): 79, pid=2131, GPU has fallen off the bus.", "xid-79", None),
+        ("NVRM: Xid (): 48, pid=9, An uncorrectable double bit error (DBE) has been detected",
+         "xid-48", None),
+        # Older drivers' words for a GPU that fell off the bus.
+        ("NVRM: GPU at PCI:0000:02:00: GPU has fallen off the bus.", "gpu-fallen-off-bus",
+         "0000:02:00.0"),
+        ("NVRM: GPU at 0000:02:00.0 has fallen off the bus.", "gpu-fallen-off-bus",
+         "0000:02:00.0"),
+    ],
+)  # fmt: skip
+def test_xid_and_fallen_off_bus_variants(line: str, signature: str, pci: str | None) -> None:
+    found = match_line(line)
+    assert [(m.signature, m.pci) for m in found] == [(signature, pci)], found
+
+
+def test_an_xid_without_its_number_is_no_xid() -> None:
+    assert match_line("NVRM: Xid (PCI:<redacted>): pid=2131, name=python3") == []

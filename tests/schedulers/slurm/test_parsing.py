@@ -551,3 +551,23 @@ def test_recorded_sacct_requeue_down_and_array() -> None:
     assert jobs["5006"].state == "NODE_FAIL"  # its node was set DOWN
     assert jobs["5008_0"].gpus == 8 and jobs["5008_0"].extra["steps"] == "batch"
     assert jobs["5010"].started_at is None and jobs["5010"].nodes == ()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "scontrol-show-node-one-22.05.txt",
+        "scontrol-show-node-invalid-reg-22.05.txt",
+        "scontrol-show-node-reregistered-22.05.txt",
+    ],
+)
+def test_scontrol_nodes_pasted_without_their_indentation(name: str) -> None:
+    """``scontrol show node`` copied through a web page: the continuation lines lost their
+    indentation (and the first line gained some). Same nodes, same fields."""
+    recorded = fixture(name)
+    pasted = "\n".join(("  " if line.startswith("NodeName=") else "") + line.strip()
+                       for line in recorded.splitlines())  # fmt: skip
+    assert sum(line[:1].isspace() for line in recorded.splitlines()) > 10
+    assert parse_scontrol_nodes(pasted) == parse_scontrol_nodes(recorded)
+    with pytest.raises(ValueError, match="NodeName="):
+        parse_scontrol_nodes("NodeName=n1 State=IDLE\nthis is not a key value line\n")

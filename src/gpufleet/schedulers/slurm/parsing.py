@@ -478,14 +478,15 @@ _NOTHING = {"No nodes in the system", "No jobs in the system"}
 
 def _records(text: str, first_key: str) -> list[str]:
     """One string per record: ``-o`` prints one line each; without ``-o`` a record's
-    further lines are indented."""
+    further lines are indented. Text pasted through a web page or a chat often loses
+    that indentation: a line that starts with another ``Key=`` continues the record."""
     records: list[str] = []
     for line in text.splitlines():
         if not line.strip() or line.strip() in _NOTHING:
             continue
-        if line.startswith(f"{first_key}="):
-            records.append(line)
-        elif records and line[:1].isspace():
+        if line.lstrip().startswith(f"{first_key}="):
+            records.append(line.strip())
+        elif records and (line[:1].isspace() or _KEY_RE.match(line)):
             records[-1] += " " + line
         else:
             raise ValueError(f"expected a line starting with {first_key}=, got {line[:80]!r}")
