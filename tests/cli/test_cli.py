@@ -463,3 +463,42 @@ def test_server_and_demo_call_the_server_package(
     result = CliRunner().invoke(app, ["demo", "--port", "8181"])
     assert result.exit_code == 0, result.output
     assert calls[-1] == ("demo", {"port": 8181, "data_dir": None, "slurm": False})
+
+
+def test_a_span_too_long_is_exit_2_not_a_traceback(cli: Callable[..., Any], api: FakeApi) -> None:
+    result = cli("events", "--since", "99999999999999d")
+    assert result.exit_code == 2, result.output
+    assert "before the year 1" in result.output and "Traceback" not in result.output
+    assert api.requests == []
+
+
+def test_events_take_a_node_by_name_and_show_names(cli: Callable[..., Any], api: FakeApi) -> None:
+    result = cli("events", "--cluster", CLUSTER_ID, "--node", "node-1")
+    assert result.exit_code == 0, result.output
+    assert api.last("GET", "/api/v1/events").url.params["node"] == NODE_ID
+    assert "node-1" in result.stdout
+    # Without --cluster the table still names the node (looked up by its id).
+    plain_run = cli("events", "--kind", "node.health")
+    assert plain_run.exit_code == 0, plain_run.output
+    assert "node-1" in plain_run.stdout and NODE_ID not in plain_run.stdout
+    refused = cli("events", "--node", "node-1")
+    assert refused.exit_code == 2 and "with --cluster" in refused.output
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("dcgmi", "dcgm-diag"), ("all_reduce_perf", "nccl"), ("alltoall_perf", "nccl"),
+     ("ib_write_bw", "ib-write-bw"), ("gpu_burn", "gpu-burn"), ("NCCL", "nccl")],
+)  # fmt: skip
+def test_checks_parse_takes_the_tools_own_names(
+    cli: Callable[..., Any], name: str, kind: str, tmp_path: Path
+) -> None:
+    saved = tmp_path / "out.txt"
+    saved.write_text("nothing a tool wrote\n")
+    result = cli("checks", "parse", name, str(saved), "-o", "json")
+    assert json.loads(result.stdout)["kind"] == kind, result.output
+
+
+def test_checks_parse_an_unknown_tool_is_exit_2(cli: Callable[..., Any], tmp_path: Path) -> None:
+    result = cli("checks", "parse", "nvbandwidth", str(tmp_path / "x"))
+    assert result.exit_code == 2 and "all_reduce_perf" in result.output

@@ -24,6 +24,38 @@ class CheckKind(StrEnum):
     IB_WRITE_BW = "ib-write-bw"  # perftest ib_write_bw, one HCA pair
     GPU_BURN = "gpu-burn"  # wilicc/gpu-burn
 
+    @classmethod
+    def from_name(cls, name: str) -> CheckKind:
+        """A kind from its own name or the tool's (``dcgmi``, ``all_reduce_perf`` and the
+        other nccl-tests binaries, ``ib_write_bw``, ``gpu_burn``), any case, ``_`` or
+        ``-``. Raises ``ValueError`` naming what is accepted."""
+        key = name.strip().lower().replace("_", "-")
+        if key.endswith(".exe"):
+            key = key[:-4]
+        kind = _TOOL_NAMES.get(key)
+        if kind is None and key.endswith("-perf"):
+            kind = cls.NCCL  # all_reduce_perf, alltoall_perf, sendrecv_perf, ...
+        if kind is None:
+            try:
+                kind = cls(key)
+            except ValueError:
+                raise ValueError(
+                    f"{name!r} is no check this parses: one of "
+                    f"{', '.join(k.value for k in cls)} (or the tool's own name: dcgmi, "
+                    "all_reduce_perf, ib_write_bw, gpu_burn)"
+                ) from None
+        return kind
+
+
+_TOOL_NAMES = {
+    "dcgmi": CheckKind.DCGM_DIAG,
+    "dcgm": CheckKind.DCGM_DIAG,
+    "dcgmi-diag": CheckKind.DCGM_DIAG,
+    "nccl-tests": CheckKind.NCCL,
+    "ib-write-bw": CheckKind.IB_WRITE_BW,
+    "gpuburn": CheckKind.GPU_BURN,
+}
+
 
 class ParseError(ValueError):
     """The text is not output of the tool asked for (empty, garbage, another tool's output).

@@ -110,14 +110,22 @@ def render(result: CheckResult) -> None:
     stdout().print(line)
 
 
+def _check_kind(value: str) -> CheckKind:
+    try:
+        return CheckKind.from_name(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 @app.command("parse")
 def parse_saved_output(
     kind: Annotated[
         CheckKind,
         typer.Argument(
-            case_sensitive=False,
             metavar="KIND",
-            help="Which tool wrote the output: dcgm-diag, nccl, ib-write-bw or gpu-burn.",
+            parser=_check_kind,
+            help="Which tool wrote the output: dcgm-diag, nccl, ib-write-bw or gpu-burn, "
+            "or the tool's own name (dcgmi, all_reduce_perf, ib_write_bw, gpu_burn).",
         ),
     ],
     path: Annotated[str, typer.Argument(metavar="FILE|-", help="Saved output; - reads stdin.")],

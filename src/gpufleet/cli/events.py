@@ -10,8 +10,11 @@ import typer
 from rich.text import Text
 
 from gpufleet.cli import config
+from gpufleet.cli.nodes import find_node
 from gpufleet.cli.output import OutputFormat, OutputOpt, emit, fmt_time, plain, print_table, table
 from gpufleet.cli.paging import collect
+from gpufleet.client.api import ApiClient
+from gpufleet.client.errors import ApiError
 from gpufleet.core.clock import utcnow
 from gpufleet.core.models import Event, Page
 
@@ -25,7 +28,14 @@ def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
     match = _RELATIVE.match(text)
     if match:
         seconds = int(match.group(1)) * _UNIT_S[match.group(2)]
-        return (now or utcnow()) - dt.timedelta(seconds=seconds)
+        try:
+            return (now or utcnow()) - dt.timedelta(seconds=seconds)
+        except OverflowError:
+            raise typer.BadParameter(
+                f"{value!r} reaches back before the year 1; give a shorter span or an ISO "
+                "8601 time",
+                param_hint="--since",
+            ) from None
     try:
         parsed = dt.datetime.fromisoformat(text)
     except ValueError:
@@ -35,6 +45,27 @@ def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
             param_hint="--since",
         ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+# Nodes looked up one by one for a table of events from many clusters; the rest keep ids.
+_MAX_LOOKUPS = 50
+
+
+def _node_names(
+    client: ApiClient, events: list[Event], *, cluster_id: str | None
+) -> dict[str, str]:
+    """Node id → name for the table: the cluster's nodes in one listing, else each node
+    the events name (a node since removed, or out of reach, keeps its id)."""
+    wanted = {e.node_id for e in events if e.node_id}
+    if cluster_id is not None:
+        return {n.id: n.name for n in client.iter_nodes(cluster=cluster_id) if n.id in wanted}
+    names: dict[str, str] = {}
+    for node_id in sorted(wanted)[:_MAX_LOOKUPS]:
+        try:
+            names[node_id] = client.get_node(node_id).name
+        except ApiError:
+            continue
+    return names
 
 
 def _kind_style(kind: str) -> str:
@@ -53,7 +84,9 @@ def list_events(
     project: Annotated[
         str | None, typer.Option("--project", "-p", help="Project id or name.")
     ] = None,
-    node: Annotated[str | None, typer.Option("--node", help="Node id.")] = None,
+    node: Annotated[
+        str | None, typer.Option("--node", help="Node id, or its name with --cluster.")
+    ] = None,
     kind: Annotated[str | None, typer.Option(help="Event kind, e.g. node.health.")] = None,
     since: Annotated[
         str | None, typer.Option(help="ISO 8601 time, or a span back from now: 15m, 2h, 7d.")
@@ -65,11 +98,14 @@ def list_events(
     since_at = parse_since(since) if since is not None else None
     with config.client_for(ctx) as client:
         cluster_id = None if cluster is None else client.find_cluster(cluster, project=project).id
+        node_id = None
+        if node is not None:
+            node_id = find_node(client, node, cluster=cluster_id, project=project).id
         page = collect(
             lambda cursor, n: client.list_events(
                 project=project,
                 cluster=cluster_id,
-                node=node,
+                node=node_id,
                 kind=kind,
                 since=since_at,
                 cursor=cursor,
@@ -78,8 +114,8 @@ def list_events(
             limit=limit,
         )
         names: dict[str, str] = {}
-        if output is OutputFormat.TABLE and cluster_id is not None and page.items:
-            names = {n.id: n.name for n in client.iter_nodes(cluster=cluster_id)}
+        if output is OutputFormat.TABLE and page.items:
+            names = _node_names(client, page.items, cluster_id=cluster_id)
 
     def render(p: Page[Event]) -> None:
         t = table("TIME", "KIND", "NODE", "ACTOR", "MESSAGE")
