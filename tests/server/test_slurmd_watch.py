@@ -10,6 +10,9 @@ from typing import Any
 
 from inventoryhelpers import KEY_A
 
+from gpufleet.schedulers.slurm.config import SlurmConfig
+from gpufleet.schedulers.slurm.driver import SlurmScheduler
+from gpufleet.server.services.kube_schedulers import KubeSchedulers
 from gpufleet.server.workers.base import LoopDeps
 from gpufleet.server.workers.slurmd_watch import SlurmdWatchLoop
 from gpufleet.testing.fleet import sim_app
@@ -29,20 +32,34 @@ async def test_a_restarted_or_replaced_slurmd_pod_is_an_event_once(
     database_url: str, tmp_path: Path
 ) -> None:
     async with kube_api() as api, sim_app(database_url, tmp_path, secret_key=KEY_A) as fleet:
-        created = await fleet.app.client.post(
-            "/api/v1/clusters",
-            json={
-                "project": "ml", "name": "kube", "scheduler": "kubernetes", "size": 2,
-                "acceptance_tests": False, "kubeconfig": api.kubeconfig(),
-            },
-        )  # fmt: skip
-        assert created.status_code == 201, created.text
-        cluster_id = created.json()["id"]
+        # The server's Slurm driver (the host's Slurm here; the watch calls none of it).
+        drivers = fleet.app.ctx.drivers
+        slurm = drivers.schedulers.setdefault("slurm", SlurmScheduler(SlurmConfig()))
+        kube = drivers.per_cluster_schedulers["kubernetes"]
+        assert isinstance(kube, KubeSchedulers)
+        kube._slurm = kube._slurm or slurm  # type: ignore[assignment]
+
+        async def create(name: str, *, slurm_on_it: bool) -> str:
+            created = await fleet.app.client.post(
+                "/api/v1/clusters",
+                json={
+                    "project": "ml", "name": name, "scheduler": "kubernetes", "size": 2,
+                    "acceptance_tests": False, "kubeconfig": api.kubeconfig(),
+                    "kube_slurm": slurm_on_it,
+                },
+            )  # fmt: skip
+            assert created.status_code == 201, created.text
+            return str(created.json()["id"])
+
+        cluster_id = await create("kube", slurm_on_it=True)
+        plain_id = await create("plain", slurm_on_it=False)  # no Slurm: not watched
         nodes = await fleet.nodes_of(cluster_id)
         name = sorted(nodes)[0]
         kube_node = nodes[name]["scheduler_name"] or name
         api.emulator.seed(PODS, _slurmd("gpu-0", kube_node, slurm_node="gpu-0"))
         api.emulator.seed(PODS, _slurmd("elsewhere", "not-ours", slurm_node="x"))
+        plain_node = sorted(await fleet.nodes_of(plain_id))[0]
+        api.emulator.seed(PODS, _slurmd("plain-0", plain_node, slurm_node="plain-0"))
         watch = fleet.loop(SlurmdWatchLoop)
 
         async def daemon_events() -> list[dict[str, Any]]:
@@ -53,6 +70,7 @@ async def test_a_restarted_or_replaced_slurmd_pod_is_an_event_once(
         assert "runs in pod slurm/gpu-0" in first["message"] and first["node_id"]
         await watch.run_once()
         assert len(await daemon_events()) == 1  # nothing changed
+        assert await fleet.events(plain_id, "node.daemon") == []
 
         # The kubelet restarts slurmd in place (its container was OOM-killed).
         api.emulator.change(

@@ -131,8 +131,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
             self._current(request)  # a JSON patch: the object must exist
         if request.resource == PODS and request.action == kmock.action.DELETE and request.name:
             obj = self._current(request)
-            if obj is not None:
-                return await self._terminate(request, obj, grace=_grace(obj, request))
+            return await self._terminate(request, obj, grace=_grace(obj, request))
         return await super()._handle(request)
 
     async def _serve_list(self, request: kmock.Request) -> Any:
@@ -160,7 +159,8 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
                 "creationTimestamp", dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             )
 
-    def _current(self, request: kmock.Request) -> dict[str, Any] | None:
+    def _current(self, request: kmock.Request) -> dict[str, Any]:
+        """The object the request names; 404 (as the apiserver answers) when it is gone."""
         key: Any = (request.resource, request.namespace, request.name)
         if key not in self.objects or self.objects[key].deleted:
             raise kmock.KubernetesObjectNotFoundError(
@@ -173,7 +173,7 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
     def _precondition(self, request: kmock.Request) -> dict[str, Any]:
         """The PATCH body to apply: refused (409) on a stale resourceVersion; conditions
         merged by type for a strategic merge of status; stamped with a new version."""
-        current = self._current(request) or {}
+        current = self._current(request)
         data: dict[str, Any] = dict(request.data)
         meta = dict(data.get("metadata") or {})
         wanted = meta.get("resourceVersion")
@@ -209,7 +209,6 @@ class KubeApiEmulator(kmock.KubernetesEmulator):
         if request.method != kmock.method.POST:
             raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message="POST only")
         pod = self._current(request)
-        assert pod is not None
         meta = pod.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             return _status(201, "Success")  # already going: the apiserver answers the same

@@ -175,12 +175,16 @@ class KubeClient:
         await self._call(f"DELETE pod {namespace}/{name}", "delete_namespaced_pod", name, namespace)
 
 
-def _answer_error(code: int, body: bytes, what: str) -> KubeStatusError:
-    """An error answer as the API's ``Status`` object describes it."""
-    reason, message = "", body[:300].decode(errors="replace")
+def _answer_error(
+    code: int, body: bytes | str | None, what: str, *, fallback: str = ""
+) -> KubeStatusError:
+    """An error answer as the API's ``Status`` object describes it (``fallback``: the
+    HTTP reason, when the body says nothing)."""
+    raw = body.encode() if isinstance(body, str) else (body or b"")
+    reason, message = fallback, raw[:300].decode(errors="replace") or fallback
     try:
-        status = json.loads(body)
-        reason = str(status.get("reason") or "")
+        status = json.loads(raw)
+        reason = str(status.get("reason") or reason)
         message = str(status.get("message") or message)
     except (ValueError, AttributeError):
         pass
@@ -188,17 +192,10 @@ def _answer_error(code: int, body: bytes, what: str) -> KubeStatusError:
 
 
 def _status_error(exc: Any, what: str) -> KubeStatusError:
-    message = str(getattr(exc, "reason", "") or "")
-    reason = message
-    try:
-        status = json.loads(exc.body or "{}")
-        message = str(status.get("message") or message)
-        reason = str(status.get("reason") or reason)
-    except (ValueError, TypeError, AttributeError):
-        pass
-    return KubeStatusError(
-        status=int(getattr(exc, "status", 0) or 0),
-        reason=reason,
-        message=message[:500],
-        request=what,
+    """The client's own ``ApiException`` (raised before any answer is read)."""
+    return _answer_error(
+        int(getattr(exc, "status", 0) or 0),
+        getattr(exc, "body", None),
+        what,
+        fallback=str(getattr(exc, "reason", "") or ""),
     )

@@ -191,7 +191,9 @@ class KubernetesScheduler:
                 else's cordon, never undone), it is not Ready yet, or a call fails.
         """
 
-        before, _raw = await self._read_node(node)
+        # On Slurm on Kubernetes, the Slurm node to resume after (the uncordon drops its
+        # annotation); nothing to read otherwise.
+        slurm_name = (await self._read_node(node))[0].slurm_node if self._slurm else None
 
         def uncordon(current: KubeNode, raw: dict[str, Any]) -> dict[str, Any] | None:
             if current.hold_reason is not None and current.ready is not True:
@@ -225,8 +227,8 @@ class KubernetesScheduler:
             )
 
         await self._modify(node, healthy, status=True)
-        if before.slurm_node is not None and self._slurm is not None:
-            await self._slurm.resume(before.slurm_node)  # after the uncordon, never before
+        if slurm_name is not None and self._slurm is not None:
+            await self._slurm.resume(slurm_name)  # after the uncordon, never before
 
     async def down(self, node: str, *, reason: str) -> None:
         """An admin forced the repair: cordon, then delete every pod an eviction would

@@ -25,8 +25,8 @@ from gpufleet.server.services.events import record_event
 
 SOURCE = "kubernetes"
 ACTOR = "slurmd-watch"
-# How far back the newest state of each node is looked for (events of other daemons and
-# of the agent share the kind; a cluster's nodes each have a few).
+# How far back the newest state of each node is looked for (a cluster's nodes each have
+# a few of the watch's events).
 _LOOKBACK_EVENTS = 20_000
 
 
@@ -47,7 +47,11 @@ async def last_seen(session: AsyncSession, *, cluster_id: str) -> dict[str, dict
     Kubernetes), by node id."""
     rows = await session.scalars(
         select(EventRow)
-        .where(EventRow.cluster_id == cluster_id, EventRow.kind == EventKind.NODE_DAEMON.value)
+        .where(
+            EventRow.cluster_id == cluster_id,
+            EventRow.kind == EventKind.NODE_DAEMON.value,
+            EventRow.actor == ACTOR,  # the watch's own, not the agents' restarts
+        )
         .order_by(EventRow.id.desc())
         .limit(_LOOKBACK_EVENTS)
     )

@@ -1,7 +1,7 @@
-"""The slurmd watch: each kubernetes cluster's slurmd pods (Slurm on Kubernetes), read
-every ``slurmd_watch_interval_s``; a pod its controller restarted or replaced becomes an
-event (``services/kube_daemons.py``). A cluster whose API server does not answer is
-tried again next pass."""
+"""The slurmd watch: the slurmd pods of each kubernetes cluster with Slurm on its nodes
+(``scheduler_config.slurm``, Slinky), read every ``slurmd_watch_interval_s``; a pod its
+controller restarted or replaced becomes an event (``services/kube_daemons.py``). A
+cluster whose API server does not answer is tried again next pass."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ class SlurmdWatchLoop(LoopService):
                 )
             )
         for cluster in clusters:
+            if not (cluster.scheduler_config or {}).get("slurm"):
+                continue  # no Slurm on its nodes: no slurmd pods to list
             scheduler = scheduler_for(self.drivers, cluster)
             if not isinstance(scheduler, _SlurmdPods):
                 continue
