@@ -74,7 +74,7 @@ def test_work_pending_long_enough_asks_for_the_nodes_it_needs_less_those_coming(
     assert decision.add == 2 and not decision.remove  # 3 needed, 1 on its way
     (why,) = decision.reasons
     assert "3 job(s) wait for 22 GPUs" in why and "job-1: 16 GPUs for 10 min" in why
-    assert "3 node(s) needed, 1 on their way; adding 2" in why
+    assert "3 node(s) needed, 1 on their way, 0 free; adding 2" in why
 
 
 def test_a_step_is_capped_and_the_maximum_holds() -> None:
@@ -188,3 +188,19 @@ def test_no_decision_breaks_the_rules(
     assert decision.add == 0 or live + decision.add <= policy.max_nodes
     assert decision.add <= max(policy.max_step, policy.min_nodes)
     assert decision.reasons or not decision.changes
+
+
+def test_a_free_node_counts_toward_what_the_work_needs() -> None:
+    """A two-node job waits with one node free: one more node, not two."""
+    state = ScaleState(
+        nodes=[
+            NodeView("n0", NodePhase.IN_SERVICE, busy=False, idle_since=NOW),
+            NodeView("n1", NodePhase.IN_SERVICE, busy=True),
+        ],
+        pending=[PendingWork("big", 16, NOW - dt.timedelta(minutes=5))],
+        gpus_per_node=8,
+        now=NOW,
+    )
+    decision = decide(AutoscalePolicy(min_nodes=1, max_nodes=8), state)
+    assert decision.add == 1
+    assert "2 node(s) needed, 0 on their way, 1 free; adding 1" in decision.reasons[0]

@@ -7,7 +7,8 @@ a node is taken from under a job):
 
 - **Up** when GPU work has been pending longer than ``scale_up_after_s``: the nodes it
   needs (a job bigger than a node takes whole nodes; smaller ones are packed) less those
-  already on their way (provisioning, in acceptance), at most ``max_step`` per decision,
+  already on their way (provisioning, in acceptance) and those free in service (the work
+  waits for them and more), at most ``max_step`` per decision,
   never over ``max_nodes``, and not within ``up_cooldown_s`` of the last step up. Work
   that could not fit even at ``max_nodes`` is named and does not count.
 - **Down** only while nothing waits, not within ``down_cooldown_s`` of any step, never
@@ -139,7 +140,10 @@ def decide(policy: AutoscalePolicy, state: ScaleState) -> Decision:
         gpus = sum(w.gpus for w in waiting)
         listing = _listing(waiting, now)
         room = policy.max_nodes - live
-        add = min(needed - coming, policy.max_step, room)
+        # A free node in service counts too: the work waits for it and more (a job of
+        # two nodes with one free needs one more, not two).
+        free = sum(1 for n in state.nodes if n.phase is NodePhase.IN_SERVICE and not n.busy)
+        add = min(needed - coming - free, policy.max_step, room)
         if _within(now, state.last_up_at, policy.up_cooldown_s):
             reasons.append(
                 f"{len(waiting)} job(s) wait for {gpus} GPUs ({listing}); in the cooldown "
@@ -150,13 +154,13 @@ def decide(policy: AutoscalePolicy, state: ScaleState) -> Decision:
             why = (
                 f"at the maximum of {policy.max_nodes} node(s)"
                 if room <= 0
-                else f"{coming} node(s) already on their way"
+                else f"{coming} node(s) already on their way and {free} free"
             )
             reasons.append(f"{len(waiting)} job(s) wait for {gpus} GPUs ({listing}); {why}")
             return Decision(reasons=tuple(reasons))
         reasons.append(
             f"{len(waiting)} job(s) wait for {gpus} GPUs ({listing}): {needed} node(s) "
-            f"needed, {coming} on their way; adding {add}"
+            f"needed, {coming} on their way, {free} free; adding {add}"
             + (f" (at most {policy.max_step} a step)" if add == policy.max_step else "")
             + (f" (the maximum is {policy.max_nodes})" if add == room else "")
         )

@@ -60,6 +60,13 @@ class DriverError(GpufleetError):
     code = "driver_error"
 
 
+class OutOfCapacity(DriverError):
+    """The provider has no machine of the kind asked for now: a stockout, or a quota or
+    limit reached. Not the request's fault; another group or a later try may succeed."""
+
+    code = "out_of_capacity"
+
+
 class Unavailable(GpufleetError):
     """The server cannot take this request now (starting, stopping, store down); retry."""
 

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 # Only drains whose reason starts with this are gpufleet's to undo (the grammar of the
 # reasons is ``gpufleet.core.holds``; the drivers need only the prefix, to refuse others).
+from gpufleet.core.autoscale import PendingWork
 from gpufleet.core.holds import DRAIN_REASON_PREFIX as DRAIN_REASON_PREFIX
 
 
@@ -215,4 +216,14 @@ class SupportsEviction(Protocol):
         now, and the pod gets its grace period). Never deletes a pod. Called on every
         pass of a drain until no job is left; idempotent. Raises ``DriverError`` when the
         pods cannot be read or an eviction fails for another reason than a budget."""
+        ...
+
+
+@runtime_checkable
+class SupportsPendingWork(Protocol):
+    async def pending_work(self) -> list[PendingWork]:
+        """Each job or pod that waits for GPUs now (not one held by a user, a dependency
+        or a limit): its id, the GPUs it asks for in all, and since when it waits (its
+        submit time; the time it last went back to the queue). For the autoscaler. Raises
+        ``DriverError`` when the queue cannot be read (never an empty list instead)."""
         ...

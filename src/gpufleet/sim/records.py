@@ -10,6 +10,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.sim.demand import TraceJob
 from gpufleet.sim.faults import SimFault
 from gpufleet.sim.models import SimGpu, SimInstance, SimInstanceState, SimJob
 
@@ -166,6 +167,7 @@ class JobRecord:
     exit_code: int | None = None
     requeueable: bool = True  # False: submitted with --no-requeue
     requeues: int = 0  # times requeued (Slurm's Restarts)
+    queued_at: dt.datetime | None = None  # when a requeue put it back; None: submitted_at
 
     def snapshot(self) -> SimJob:
         return SimJob(
@@ -206,6 +208,7 @@ class JobRecord:
             self.exit_code,
             self.requeueable,
             self.requeues,
+            _ts(self.queued_at),
         ]
 
     @classmethod
@@ -229,6 +232,45 @@ class JobRecord:
             # Files written before requeue existed have 15 fields.
             requeueable=bool(raw[15]) if len(raw) > 15 else True,
             requeues=int(raw[16]) if len(raw) > 16 else 0,
+            # Files written before pending work existed: queued since submitted.
+            queued_at=_parse_ts(raw[17]) if len(raw) > 17 else None,
+        )
+
+
+@dataclass
+class DemandFeed:
+    """A demand trace being fed into one cluster: ``jobs[next:]`` have yet to arrive, each
+    at ``start + arrive_s``, as a job of ``ceil(gpus / gpus_per_node)`` whole nodes."""
+
+    feed_id: int
+    cluster_id: str
+    start: dt.datetime
+    gpus_per_node: int
+    jobs: list[TraceJob]
+    next: int = 0
+
+    def arrival(self, index: int) -> dt.datetime:
+        return self.start + dt.timedelta(seconds=self.jobs[index].arrive_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.feed_id,
+            "cluster_id": self.cluster_id,
+            "start": _ts(self.start),
+            "gpus_per_node": self.gpus_per_node,
+            "jobs": [[j.id, j.arrive_s, j.gpus, j.duration_s] for j in self.jobs],
+            "next": self.next,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> DemandFeed:
+        return cls(
+            feed_id=int(raw["id"]),
+            cluster_id=str(raw["cluster_id"]),
+            start=_req_ts(raw["start"]),
+            gpus_per_node=int(raw["gpus_per_node"]),
+            jobs=[TraceJob(str(i), float(a), int(g), float(d)) for i, a, g, d in raw["jobs"]],
+            next=int(raw["next"]),
         )
 
 

@@ -2,18 +2,25 @@
 
 Not thread-safe on its own: ``SimWorld`` holds its lock around every call. Jobs take whole
 nodes (like an exclusive Slurm partition), so a node is either idle or busy.
+
+Work comes from three places: synthetic users who keep a share of each cluster's nodes
+busy (``WorkloadConfig.busy_share``; off per cluster with ``set_synthetic``), jobs
+submitted by hand (``queue``), and demand traces fed in (``add_feed``), whose jobs are
+queued as the clock passes their arrival.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import random
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gpufleet.sim.records import JobRecord, NodeFlags
+from gpufleet.core.autoscale import PendingWork
+from gpufleet.sim.records import DemandFeed, JobRecord, NodeFlags
 
 NodeKey = tuple[str, str]  # (cluster_id, node_name)
 
@@ -45,6 +52,8 @@ class Workload:
         self.accounting: deque[JobRecord] = deque(maxlen=config.accounting_limit)
         self.busy: dict[NodeKey, str] = {}
         self.targets: dict[str, float] = {}
+        self.synthetic_off: set[str] = set()  # clusters that get no synthetic jobs
+        self.feeds: dict[int, DemandFeed] = {}  # traces with jobs yet to arrive
         self.next_job_id = 1000
         # Records changed since the owner last saved, as journal entries (see store.py).
         self.changes: list[dict[str, Any]] = []
@@ -60,11 +69,12 @@ class Workload:
         duration_s: float,
         now: dt.datetime,
         rng: random.Random,
+        name: str | None = None,
     ) -> JobRecord:
         self.next_job_id += 1
         return JobRecord(
             job_id=str(self.next_job_id),
-            name=rng.choice(JOB_NAMES),
+            name=rng.choice(JOB_NAMES) if name is None else name,
             user=rng.choice(USERS),
             account=rng.choice(ACCOUNTS),
             cluster_id=cluster_id,
@@ -117,6 +127,7 @@ class Workload:
         job.started_at = job.end_at = job.ended_at = None
         job.exit_code = None
         job.requeues += 1
+        job.queued_at = now
         self.queued.insert(0, job)
         self.changes.append(self.queue_change())
 
@@ -134,7 +145,7 @@ class Workload:
         drained nor down. ``alive``: every node whose machine runs. Jobs on a node that
         stopped running die with it.
         """
-        changed = False
+        changed = self._arrive(now)
         finished = sorted(
             (j for j in self.running.values() if j.end_at is not None and j.end_at <= now),
             key=lambda j: (j.end_at, j.job_id),
@@ -155,6 +166,8 @@ class Workload:
             # Idle only after the jobs above ended, so freed nodes get work at once.
             free = [n for n in nodes if (cluster_id, n[0]) not in self.busy]
             changed = self._start_queued(cluster_id, free, now) or changed
+            if cluster_id in self.synthetic_off:
+                continue
             changed = (
                 self._generate(cluster_id, free, now=now, rng=rng, schedulable=len(nodes))
                 or changed
@@ -162,17 +175,83 @@ class Workload:
         return changed
 
     def _start_queued(self, cluster_id: str, free: list[tuple[str, int]], now: dt.datetime) -> bool:
-        changed = False
+        started = False
         for job in [j for j in self.queued if j.cluster_id == cluster_id]:
             if len(free) < job.node_count:
                 continue  # backfill: a smaller job further back may still fit
             taken, free[:] = free[: job.node_count], free[job.node_count :]
             job.gpus_per_node = min(g for _, g in taken)
             self.queued.remove(job)
-            self.changes.append(self.queue_change())
             self.start(job, [n for n, _ in taken], now)
-            changed = True
-        return changed
+            started = True
+        if started:
+            # One queue entry for the lot: the queue is written whole, so one per job
+            # would cost O(queue²) when a long queue drains.
+            self.changes.append(self.queue_change())
+        return started
+
+    def _arrive(self, now: dt.datetime) -> bool:
+        """Queue every fed job whose arrival ``now`` has passed, oldest arrival first,
+        each submitted at its arrival time; drop the feeds that have no job left."""
+        arrived: list[tuple[dt.datetime, JobRecord]] = []
+        for feed in list(self.feeds.values()):
+            start = feed.next
+            while feed.next < len(feed.jobs) and feed.arrival(feed.next) <= now:
+                trace_job = feed.jobs[feed.next]
+                at = feed.arrival(feed.next)
+                self.next_job_id += 1
+                job = JobRecord(
+                    job_id=str(self.next_job_id),
+                    name=trace_job.id,
+                    user="trace",
+                    account="demand",
+                    cluster_id=feed.cluster_id,
+                    node_count=nodes_for_gpus(trace_job.gpus, feed.gpus_per_node),
+                    gpus_per_node=feed.gpus_per_node,
+                    submitted_at=at,
+                    duration_s=trace_job.duration_s,
+                )
+                arrived.append((at, job))
+                feed.next += 1
+            if feed.next == start:
+                continue
+            self.changes.append({"dn": [feed.feed_id, feed.next]})
+            if feed.next >= len(feed.jobs):
+                del self.feeds[feed.feed_id]
+        if not arrived:
+            return False
+        arrived.sort(key=lambda item: item[0])  # stable: a feed's own order is kept
+        self.queued.extend(job for _, job in arrived)
+        self.changes.append(self.queue_change())
+        return True
+
+    def add_feed(self, feed: DemandFeed) -> None:
+        self.feeds[feed.feed_id] = feed
+        self.changes.append({"d": feed.to_json()})
+
+    def next_feed_id(self) -> int:
+        # A finished feed's id may be used again: every journal line about it comes
+        # before the line that starts the new one.
+        return max(self.feeds, default=0) + 1
+
+    def set_synthetic(self, cluster_id: str, *, on: bool) -> None:
+        if on:
+            self.synthetic_off.discard(cluster_id)
+        else:
+            self.synthetic_off.add(cluster_id)
+        self.changes.append({"s": [cluster_id, on]})
+
+    def pending(self, cluster_id: str | None) -> list[PendingWork]:
+        """Queued jobs (of one cluster, or all), in queue order, as pending work."""
+        return [
+            PendingWork(
+                id=j.job_id,
+                gpus=j.node_count * j.gpus_per_node,
+                since=j.queued_at or j.submitted_at,
+            )
+            for j in self.queued
+            if cluster_id is None or j.cluster_id == cluster_id
+        ]
 
     def _generate(
         self,
@@ -262,6 +341,22 @@ class Workload:
                 self.flags[(str(cid), str(name))] = NodeFlags(bool(drained), bool(down), reason)
             else:
                 self.flags.pop((str(cid), str(name)), None)
+        elif "s" in change:
+            cid, on = change["s"]
+            if on:
+                self.synthetic_off.discard(str(cid))
+            else:
+                self.synthetic_off.add(str(cid))
+        elif "d" in change:
+            feed = DemandFeed.from_json(change["d"])
+            self.feeds[feed.feed_id] = feed
+        elif "dn" in change:
+            feed_id, position = change["dn"]
+            fed = self.feeds.get(int(feed_id))
+            if fed is not None:
+                fed.next = int(position)
+                if fed.next >= len(fed.jobs):
+                    del self.feeds[fed.feed_id]
 
     def rebuild_busy(self) -> None:
         self.busy = {(j.cluster_id, n): j.job_id for j in self.running.values() for n in j.nodes}
@@ -272,6 +367,8 @@ class Workload:
             "running": [j.to_json() for j in self.running.values()],
             "queued": [j.to_json() for j in self.queued],
             "accounting": [j.to_json() for j in self.accounting],
+            "synthetic_off": sorted(self.synthetic_off),
+            "feeds": [f.to_json() for f in self.feeds.values()],
         }
 
     def load_json(self, raw: dict[str, Any]) -> None:
@@ -289,3 +386,12 @@ class Workload:
             (JobRecord.from_json(item) for item in raw["accounting"]),
             maxlen=self.config.accounting_limit,
         )
+        # Files written before these existed: synthetic load everywhere, no traces.
+        self.synthetic_off = {str(c) for c in raw.get("synthetic_off", [])}
+        feeds = (DemandFeed.from_json(item) for item in raw.get("feeds", []))
+        self.feeds = {f.feed_id: f for f in feeds}
+
+
+def nodes_for_gpus(gpus: int, gpus_per_node: int) -> int:
+    """Whole nodes a job of ``gpus`` GPUs takes (jobs take whole nodes here)."""
+    return max(1, math.ceil(gpus / gpus_per_node))

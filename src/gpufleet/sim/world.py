@@ -15,6 +15,12 @@ job that finished from one a repair killed:
 - ``REQUEUED``: stopped by ``requeue_jobs_on_node``; the record is the interrupted run,
   and the job itself is back in the queue as ``PENDING`` under the same id (as in
   Slurm), to run again from the start on a node that is not drained.
+
+Demand, for the autoscaler: ``submit_job`` queues a job of so many GPUs (whole nodes),
+``feed_trace`` queues a demand trace's jobs as the clock passes their arrival (at each
+``advance``), ``set_synthetic_load`` turns a cluster's synthetic background jobs off so
+that only that demand runs there, and ``pending_work`` lists what waits. All of it is
+saved with the world.
 """
 
 from __future__ import annotations
@@ -23,15 +29,18 @@ import datetime as dt
 import random
 import threading
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
+from gpufleet.core.autoscale import PendingWork
 from gpufleet.core.clock import Clock, SystemClock
-from gpufleet.core.errors import DriverError
+from gpufleet.core.errors import DriverError, OutOfCapacity
 from gpufleet.core.gpu_models import GPU_MODELS
 from gpufleet.sim import faults as fm
+from gpufleet.sim.demand import TraceJob
 from gpufleet.sim.faults import FaultConfig, FaultModel
 from gpufleet.sim.models import (
     BootPlan,
@@ -42,9 +51,9 @@ from gpufleet.sim.models import (
     SimJob,
     SimNodeStatus,
 )
-from gpufleet.sim.records import InstanceRecord, NodeFlags
+from gpufleet.sim.records import DemandFeed, InstanceRecord, NodeFlags
 from gpufleet.sim.store import WorldStore
-from gpufleet.sim.workload import NodeKey, Workload, WorkloadConfig
+from gpufleet.sim.workload import NodeKey, Workload, WorkloadConfig, nodes_for_gpus
 from gpufleet.sim.world_faults import WorldFaults
 
 RUNNING = SimInstanceState.RUNNING
@@ -111,7 +120,7 @@ class SimWorld(WorldFaults):
             if max_instances is not None:
                 live = sum(1 for r in self._instances.values() if r.terminated_at is None)
                 if live >= max_instances:
-                    raise DriverError(
+                    raise OutOfCapacity(
                         f"sim: no capacity for node {spec.node_name} "
                         f"({live} of {max_instances} instances in use)"
                     )
@@ -323,25 +332,62 @@ class SimWorld(WorldFaults):
 
     def submit_job(
         self,
-        *,
         cluster_id: str,
-        node_count: int,
-        gpus_per_node: int,
+        *,
         duration_s: float,
+        gpus: int | None = None,
+        node_count: int | None = None,
+        gpus_per_node: int | None = None,
+        name: str | None = None,
         user: str = "alice",
         account: str = "llm-pretrain",
         requeueable: bool = True,
+        now: dt.datetime | None = None,
     ) -> SimJob:
-        """Queue a job by hand (it starts at the next ``advance`` with room for it).
-        ``requeueable=False``: like ``sbatch --no-requeue``, a requeue of it is refused."""
+        """Queue a job (it starts at the first ``advance`` with enough free nodes: queued
+        jobs first, in order, a smaller one passing a bigger one that does not fit).
+
+        Args:
+            cluster_id: the cluster whose nodes run it.
+            duration_s: how long it runs once started.
+            gpus: GPUs it asks for; jobs take whole nodes, so it takes
+                ``ceil(gpus / gpus_per_node)`` of them. Give ``gpus`` or ``node_count``.
+            node_count: whole nodes it asks for.
+            gpus_per_node: the size of a node, for ``gpus`` and for the GPUs it shows while
+                queued; default the GPU count most of the cluster's nodes have.
+            name: the job's name (default: a random one of the synthetic users').
+            requeueable: False: like ``sbatch --no-requeue``, a requeue of it is refused.
+            now: its submit time (default the clock's now).
+
+        Returns the queued job (``job_id`` is its id).
+
+        Raises:
+            ValueError: neither or both of ``gpus`` and ``node_count``, or a count under 1.
+            DriverError: no ``gpus_per_node`` given and the cluster has no node to read it
+                from.
+        """
+        if (gpus is None) == (node_count is None):
+            raise ValueError("submit_job: give gpus or node_count (one of them)")
+        for what, value in (
+            ("gpus", gpus),
+            ("node_count", node_count),
+            ("gpus_per_node", gpus_per_node),
+        ):
+            if value is not None and value < 1:
+                raise ValueError(f"submit_job: {what} must be at least 1, got {value}")
+        if duration_s < 0:
+            raise ValueError(f"submit_job: duration_s must not be negative, got {duration_s}")
         with self._lock:
+            per_node = gpus_per_node or self._gpus_per_node(cluster_id, asked=gpus or node_count)
+            nodes = nodes_for_gpus(gpus, per_node) if gpus is not None else node_count or 1
             job = self._workload.new_job(
                 cluster_id=cluster_id,
-                node_count=node_count,
-                gpus_per_node=gpus_per_node,
+                node_count=nodes,
+                gpus_per_node=per_node,
                 duration_s=duration_s,
-                now=self._clock.now(),
+                now=now or self._clock.now(),
                 rng=self._rng,
+                name=name,
             )
             job.user, job.account = user, account
             job.requeueable = requeueable
@@ -349,13 +395,82 @@ class SimWorld(WorldFaults):
             self._save()
             return job.snapshot()
 
+    def pending_work(self, *, cluster_id: str | None = None) -> list[PendingWork]:
+        """Queued jobs, in queue order: id, GPUs (its nodes × GPUs per node: jobs take
+        whole nodes) and since when it waits (its submit time, or its last requeue)."""
+        with self._lock:
+            return self._workload.pending(cluster_id)
+
     def pending_gpu_demand(self, *, cluster_id: str | None = None) -> int:
         """GPUs asked for by queued jobs."""
+        return sum(w.gpus for w in self.pending_work(cluster_id=cluster_id))
+
+    def set_synthetic_load(self, cluster_id: str, *, on: bool) -> None:
+        """Turn the synthetic users' background jobs on a cluster on or off (default on,
+        at ``WorkloadConfig.busy_share``). Off: no new synthetic job starts there, so its
+        nodes run only submitted and fed jobs; those already running end in their time.
+        Saved with the world."""
+        with self._lock:
+            if self.synthetic_load(cluster_id) == on:
+                return
+            self._workload.set_synthetic(cluster_id, on=on)
+            self._save()
+
+    def synthetic_load(self, cluster_id: str) -> bool:
+        """Whether synthetic background jobs start on the cluster's nodes."""
+        with self._lock:
+            return cluster_id not in self._workload.synthetic_off
+
+    def feed_trace(
+        self,
+        cluster_id: str,
+        trace: Sequence[TraceJob],
+        *,
+        start: dt.datetime | None = None,
+        gpus_per_node: int | None = None,
+    ) -> None:
+        """Feed a demand trace into a cluster over simulated time: each job is queued (as
+        ``submit_job`` would, submitted at its arrival) by the first ``advance`` at or
+        after ``start + arrive_s``; one whose arrival has passed already comes at the
+        next ``advance``. The jobs not yet arrived are saved with the world.
+
+        Args:
+            start: the trace's time zero (default the clock's now).
+            gpus_per_node: node size for the jobs' whole nodes; default as ``submit_job``.
+
+        Raises:
+            ValueError: a job asks for fewer than 1 GPU or lasts a negative time.
+            DriverError: no ``gpus_per_node`` and the cluster has no node to read it from.
+        """
+        for job in trace:
+            if job.gpus < 1 or job.duration_s < 0 or job.arrive_s < 0:
+                raise ValueError(
+                    f"feed_trace: job {job.id}: needs gpus >= 1, duration_s >= 0 and "
+                    f"arrive_s >= 0, got {job.gpus}, {job.duration_s}, {job.arrive_s}"
+                )
+        if not trace:
+            return
+        with self._lock:
+            per_node = gpus_per_node or self._gpus_per_node(
+                cluster_id, asked=max(j.gpus for j in trace)
+            )
+            feed = DemandFeed(
+                feed_id=self._workload.next_feed_id(),
+                cluster_id=cluster_id,
+                start=start or self._clock.now(),
+                gpus_per_node=per_node,
+                jobs=sorted(trace, key=lambda j: j.arrive_s),
+            )
+            self._workload.add_feed(feed)
+            self._save()
+
+    def trace_jobs_left(self, *, cluster_id: str | None = None) -> int:
+        """Fed jobs that have not arrived yet (of one cluster, or all)."""
         with self._lock:
             return sum(
-                j.node_count * j.gpus_per_node
-                for j in self._workload.queued
-                if cluster_id is None or j.cluster_id == cluster_id
+                len(f.jobs) - f.next
+                for f in self._workload.feeds.values()
+                if cluster_id is None or f.cluster_id == cluster_id
             )
 
     def accounting_since(
@@ -387,6 +502,20 @@ class SimWorld(WorldFaults):
             self._save()
 
     # -- internals --------------------------------------------------------------------
+
+    def _gpus_per_node(self, cluster_id: str, *, asked: int | None) -> int:
+        """The GPU count most of the cluster's live nodes have (ties: the larger)."""
+        counts = Counter(
+            r.gpu_count
+            for r in self._instances.values()
+            if r.cluster_id == cluster_id and r.terminated_at is None
+        )
+        if not counts:
+            raise DriverError(
+                f"sim: cluster {cluster_id}: no nodes to size a job of {asked} by; "
+                "pass gpus_per_node"
+            )
+        return max(counts, key=lambda g: (counts[g], g))
 
     def _check_spec(self, spec: SimInstanceSpec) -> None:
         if spec.gpu_model not in GPU_MODELS:

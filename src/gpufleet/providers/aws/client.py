@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from gpufleet.core.errors import DriverError
+from gpufleet.core.errors import DriverError, OutOfCapacity
 from gpufleet.providers.aws.config import AwsConfig
 from gpufleet.providers.base import Credential
 
@@ -55,6 +55,34 @@ class AwsError(DriverError):
     def __init__(self, message: str, *, aws_code: str | None) -> None:
         super().__init__(message)
         self.aws_code = aws_code
+
+
+# AWS's words for "no machine of that kind now": a stockout in the zone, or an account
+# limit. Not the request's fault; Cluster Autoscaler backs off the group on them.
+CAPACITY_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "InsufficientCapacity",
+        "InstanceLimitExceeded",
+        "VcpuLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "ReservationCapacityExceeded",
+    }
+)
+
+
+class AwsCapacityError(AwsError, OutOfCapacity):
+    """An AWS call refused for capacity or quota (``CAPACITY_CODES``)."""
+
+
+def aws_error(message: str, *, aws_code: str | None) -> AwsError:
+    """The error for an AWS refusal: one of capacity (``OutOfCapacity``) or any other."""
+    if aws_code in CAPACITY_CODES:
+        return AwsCapacityError(message, aws_code=aws_code)
+    return AwsError(message, aws_code=aws_code)
 
 
 def api_name(operation: str) -> str:
@@ -130,7 +158,7 @@ class AwsClient:
             code = str(error.get("Code") or "Unknown")
             text = str(error.get("Message") or "")[:_MESSAGE_LIMIT]
             hint = " (credentials refused or not allowed)" if code in AUTH_CODES else ""
-            raise AwsError(
+            raise aws_error(
                 self._redact(f"{where} failed: {code}: {text}{hint}"), aws_code=code
             ) from None
         except (bx.ConnectTimeoutError, bx.ReadTimeoutError) as exc:

@@ -34,6 +34,7 @@ import datetime as dt
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from gpufleet.core.autoscale import PendingWork
 from gpufleet.core.clock import as_utc
 from gpufleet.core.errors import DriverError
 from gpufleet.core.holds import HoldKind, parse_hold_reason
@@ -53,6 +54,7 @@ from gpufleet.schedulers.kubernetes.parsing import (
     parse_node,
     parse_pod,
     pending_gpu_demand,
+    pending_work,
     to_sched_node,
 )
 
@@ -77,7 +79,7 @@ class SlurmSide(Protocol):
 
 class KubernetesScheduler:
     """A Kubernetes cluster, through its API server. Implements Scheduler,
-    SupportsDrain, SupportsDown and SupportsEviction.
+    SupportsDrain, SupportsDown, SupportsEviction and SupportsPendingWork.
 
     Every method raises ``DriverError`` naming the node and the request when a call
     fails; none returns an empty list in place of an error.
@@ -142,8 +144,21 @@ class KubernetesScheduler:
         return [p for p in await self._pods(_LIVE_PODS, node=None) if p.slurm_node and p.node]
 
     async def pending_gpu_demand(self) -> int:
-        """GPUs asked for by pods that wait for lack of ``nvidia.com/gpu`` (parsing.py)."""
+        """GPUs asked for by the pods ``pending_work`` lists, in all."""
         return pending_gpu_demand(await self._pods("status.phase=Pending", node=None))
+
+    async def pending_work(self) -> list[PendingWork]:
+        """Each Pending GPU pod the scheduler could not place for lack of room
+        (``parsing.waits_for_gpus``: PodScheduled=False, reason Unschedulable, a shortage
+        in its message): id ``namespace/name``, its ``nvidia.com/gpu`` request over its
+        containers (the largest init container's when more), and since when it waits
+        (the condition's lastTransitionTime, else its creation). Touches nothing.
+
+        Raises:
+            DriverError: the pods cannot be read (never an empty list instead).
+        """
+        pods = await self._pods("status.phase=Pending", node=None)
+        return pending_work(pods, now=dt.datetime.now(dt.UTC))
 
     async def accounting_since(self, since: dt.datetime) -> list[SchedJob]:
         """GPU pods that ended at or after ``since``, oldest first, from what the API

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.core.autoscale import PendingWork
 from gpufleet.schedulers.base import SchedJob, SchedNode, SchedNodeState
 from gpufleet.schedulers.kubernetes.config import (
     GPU_RESOURCE,
@@ -32,7 +33,12 @@ ENDED_PHASES = frozenset({"Succeeded", "Failed"})
 # is ``spec.hostname`` when set and the pod's name otherwise.
 SLINKY_OWNER_KIND = "NodeSet"
 SLURMD_NAME_LABEL = ("app.kubernetes.io/name", "slurmd")
-_MESSAGE_GPU = re.compile(r"Insufficient\s+nvidia\.com/gpu")
+# What the scheduler says when a pod does not fit for lack of room that one more node
+# brings: "3 Insufficient nvidia.com/gpu" (or cpu, memory...), "Too many pods", or no
+# node at all ("no nodes available to schedule pods", a node pool scaled to zero).
+_MESSAGE_SHORTAGE = re.compile(
+    r"Insufficient\s+\S|Too many pods|no nodes available to schedule pods", re.IGNORECASE
+)
 # A Kubernetes quantity, ASCII only: sign, digits, an exponent or a suffix.
 _QUANTITY = re.compile(
     r"\+?(?P<number>[0-9]{1,12}(?:\.[0-9]{1,12})?)"
@@ -120,6 +126,7 @@ class KubePod:
     exit_code: int | None
     unschedulable_reason: str | None  # PodScheduled=False, reason Unschedulable: its message
     hostname: str | None = None  # spec.hostname
+    unschedulable_since: dt.datetime | None = None  # that condition's lastTransitionTime
     restarts: int = 0  # its containers' restarts (the kubelet restarted them in place)
     last_termination: str | None = None  # why a container last ended ("Error, exit 137")
 
@@ -239,13 +246,14 @@ def parse_pod(obj: Mapping[str, Any]) -> KubePod:
         ),
         None,
     )
-    unschedulable = None
+    unschedulable = unschedulable_since = None
     if (
         scheduled is not None
         and scheduled.get("status") == "False"
         and scheduled.get("reason") == "Unschedulable"
     ):
         unschedulable = str(scheduled.get("message") or "Unschedulable")
+        unschedulable_since = _time(scheduled.get("lastTransitionTime"))
     phase = str(status.get("phase") or "Pending")
     exit_codes = [int(t["exitCode"]) for t in finished if isinstance(t.get("exitCode"), int)]
     grace = spec.get("terminationGracePeriodSeconds")
@@ -276,6 +284,7 @@ def parse_pod(obj: Mapping[str, Any]) -> KubePod:
         else None,
         unschedulable_reason=unschedulable,
         hostname=_text(spec.get("hostname")),
+        unschedulable_since=unschedulable_since,
         restarts=sum(
             int(s["restartCount"])
             for s in _list(status.get("containerStatuses"))
@@ -362,21 +371,39 @@ def to_sched_node(node: KubeNode, pods: Iterable[KubePod]) -> SchedNode:
     )
 
 
-def pending_gpu_demand(pods: Iterable[KubePod]) -> int:
-    """GPUs asked for by pods the scheduler could not place for lack of ``nvidia.com/gpu``:
-    Pending, not bound to a node, PodScheduled=False with reason Unschedulable and a
-    message that names the GPU shortage. A pod unschedulable for another reason (a node
-    selector nothing matches, a taint) would not start on a new GPU node either."""
-    return sum(
-        p.gpus
-        for p in pods
-        if p.phase == "Pending"
-        and not p.node
-        and not p.terminating
-        and p.gpus > 0
-        and p.unschedulable_reason is not None
-        and _MESSAGE_GPU.search(p.unschedulable_reason)
+def waits_for_gpus(pod: KubePod) -> bool:
+    """A GPU pod the scheduler could not place for lack of room: Pending, not bound to a
+    node, not being deleted, asking for ``nvidia.com/gpu``, PodScheduled=False with
+    reason Unschedulable and a message naming a shortage one more node cures (module
+    ``_MESSAGE_SHORTAGE``: GPUs, CPU or memory short, too many pods, no node at all).
+    Not counted: a pod unschedulable only for a node selector or affinity nothing
+    matches, a taint it does not tolerate, a volume (a new GPU node would not take it
+    either), and one held back before scheduling (reason SchedulingGated: Kueue and
+    other gates)."""
+    return (
+        pod.phase == "Pending"
+        and not pod.node
+        and not pod.terminating
+        and pod.gpus > 0
+        and pod.unschedulable_reason is not None
+        and _MESSAGE_SHORTAGE.search(pod.unschedulable_reason) is not None
     )
+
+
+def pending_work(pods: Iterable[KubePod], *, now: dt.datetime) -> list[PendingWork]:
+    """Each pod that ``waits_for_gpus``, in the order given: id ``namespace/name``, its
+    GPUs (``pod_gpus``), and since when it waits: when it became unschedulable (the
+    condition's ``lastTransitionTime``), else its creation, else ``now``."""
+    return [
+        PendingWork(id=p.key, gpus=p.gpus, since=p.unschedulable_since or p.created_at or now)
+        for p in pods
+        if waits_for_gpus(p)
+    ]
+
+
+def pending_gpu_demand(pods: Iterable[KubePod]) -> int:
+    """GPUs asked for by the pods that ``waits_for_gpus``, in all."""
+    return sum(p.gpus for p in pods if waits_for_gpus(p))
 
 
 def condition_reason(text: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+from gpufleet.core.autoscale import PendingWork
 from gpufleet.core.errors import DriverError
 from gpufleet.schedulers.base import (
     DRAIN_REASON_PREFIX,
@@ -63,8 +64,8 @@ def to_sched_job(job: SimJob) -> SchedJob:
 
 
 class SimScheduler:
-    """Simulated workload manager. Implements Scheduler, SupportsDrain, SupportsDown and
-    SupportsRequeue.
+    """Simulated workload manager. Implements Scheduler, SupportsDrain, SupportsDown,
+    SupportsRequeue and SupportsPendingWork.
 
     Job states in accounting: COMPLETED/FAILED (ended by itself), NODE_FAIL (killed by
     its node going away: down, reboot, reprovision, GPU reset, terminate) and REQUEUED
@@ -102,9 +103,16 @@ class SimScheduler:
         return [to_sched_job(j) for j in jobs]
 
     async def pending_gpu_demand(self) -> int:
-        """GPUs asked for by queued jobs that wait for nodes."""
-        await self._fresh("squeue --state=PENDING")
-        return self._world.pending_gpu_demand(cluster_id=self._cluster_id)
+        """GPUs asked for by queued jobs that wait for nodes (``pending_work``'s total)."""
+        return sum(w.gpus for w in await self.pending_work())
+
+    async def pending_work(self) -> list[PendingWork]:
+        """The queued jobs (of this cluster, for a cluster-scoped scheduler), after the
+        workload moved to now, so each one waits for nodes: id, GPUs (its whole nodes'),
+        and since when it waits (submit time, or its last requeue). Touches nothing.
+        Raises ``DriverError`` when the scheduler is unavailable (never an empty list)."""
+        await self._fresh("squeue --states=PENDING")
+        return self._world.pending_work(cluster_id=self._cluster_id)
 
     async def accounting_since(self, since: dt.datetime) -> list[SchedJob]:
         """Jobs that ended at or after ``since``, oldest first."""

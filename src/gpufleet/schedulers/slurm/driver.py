@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 from urllib.parse import quote
 
+from gpufleet.core.autoscale import PendingWork
 from gpufleet.core.clock import as_utc
 from gpufleet.core.errors import DriverError
 from gpufleet.schedulers.base import (
@@ -49,6 +50,7 @@ from gpufleet.schedulers.slurm.parsing import (
     parse_scontrol_jobs,
     parse_scontrol_nodes,
     pending_gpu_demand,
+    pending_work,
 )
 from gpufleet.schedulers.slurm.rest import RestAnswer, SlurmRest
 from gpufleet.schedulers.slurm.values import (
@@ -103,8 +105,8 @@ _REQUEUEABLE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED
 
 class SlurmScheduler:
     """A Slurm cluster, through its CLI (and slurmrestd for reads, when configured).
-    Implements Scheduler, SupportsDrain, SupportsDown, SupportsRequeue, SupportsJobs and
-    SupportsReservations.
+    Implements Scheduler, SupportsDrain, SupportsDown, SupportsRequeue, SupportsJobs,
+    SupportsReservations and SupportsPendingWork.
 
     Every method raises ``DriverError`` naming the node, the command (or the slurmrestd
     request) and its stderr (or error body) when a call fails, times out, or answers a
@@ -165,11 +167,30 @@ class SlurmScheduler:
         return [j.to_sched_job() for j in jobs if j.active and node in j.nodes]
 
     async def pending_gpu_demand(self) -> int:
-        """GPUs asked for by PENDING jobs whose reason is Resources, Priority or None
-        (just queued). Held jobs, dependencies, begin times and jobs pinned to an
-        unavailable node do not count: more nodes would not start them. A pending job
-        array counts each task it still has to run, up to its ``%`` throttle."""
+        """GPUs asked for by the jobs ``pending_work`` lists, in all."""
         return pending_gpu_demand(await self._jobs())
+
+    async def pending_work(self) -> list[PendingWork]:
+        """Each PENDING job that more nodes would start, from ``squeue --all --json
+        --states=PENDING`` (slurmrestd's jobs, or ``scontrol show job`` text, where those
+        are the read path): id, GPUs in all (its TRES ask, or ``--gres``/``--gpus*`` per
+        node × nodes, per job, or per task × tasks) and since when it waits (eligible
+        time, else submit time). Touches nothing.
+
+        Counted: reasons None (just queued), Resources, Priority and ReqNodeNotAvail
+        (nodes it could use are down or drained). Not counted, because more nodes would
+        not start them: held jobs (JobHeldUser, JobHeldAdmin, requeued held),
+        Dependency, BeginTime (requeued jobs wait there first), QOS, association and
+        accounting limits, licenses, an array's throttle (JobArrayTaskLimit), partition
+        limits or a partition down, reservations; a job pinned to nodes (``--nodelist``)
+        or in a reservation whatever its reason; a job that asks for no GPU. A pending
+        array gives one item per task that could start now (``123_4``), up to its ``%``
+        throttle. ``parsing.WAITING_FOR_NODES`` holds the list.
+
+        Raises:
+            DriverError: squeue (or slurmrestd) fails, times out or reports errors.
+        """
+        return pending_work(await self._pending_jobs(), now=dt.datetime.now(dt.UTC))
 
     async def accounting_since(self, since: dt.datetime) -> list[SchedJob]:
         """Jobs that ended at or after ``since`` (to the second), oldest end first, from
@@ -480,6 +501,19 @@ class SlurmScheduler:
             return _parse(parse_jobs_json, result, node=None)
         result = await self._cli.run("scontrol", "--oneliner", "show", "job")
         return _parse(parse_scontrol_jobs, result, node=None)
+
+    async def _pending_jobs(self) -> list[SlurmJobInfo]:
+        # 22.05's squeue --json ignores --states (it lists every job); 23.02+ honours it.
+        # Either way only PENDING records are kept.
+        if self._rest is not None:
+            jobs = _parse_rest(parse_jobs_json, await self._rest.get("jobs"), node=None)
+        elif await self._use_json():
+            result = await self._cli.run("squeue", "--all", "--json", "--states=PENDING")
+            jobs = _parse(parse_jobs_json, result, node=None)
+        else:
+            result = await self._cli.run("scontrol", "--oneliner", "show", "job")
+            jobs = _parse(parse_scontrol_jobs, result, node=None)
+        return [j for j in jobs if j.state == "PENDING"]
 
     async def _active_jobs(self, node: str) -> list[SlurmJobInfo]:
         _, jobs = await _both(self._node(node), self._jobs())

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.core.autoscale import PendingWork
 from gpufleet.schedulers.base import SchedJob, SchedNode, SchedNodeState
 from gpufleet.schedulers.slurm.values import (
     count_array_tasks,
@@ -323,10 +324,25 @@ def _nodes_from_sinfo_rows(rows: list[Mapping[str, Any]]) -> list[SlurmNodeInfo]
 ACTIVE_JOB_STATES = frozenset(
     {"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING", "RESIZING"}
 )
-# Pending reasons that mean "waiting for nodes" (more nodes would start the job), as
-# opposed to held, waiting on a dependency or a begin time, or pinned to a node that is
-# unavailable (ReqNodeNotAvail: adding nodes does not help).
-WAITING_FOR_RESOURCES = frozenset({"Resources", "Priority", "None"})
+# Pending reasons (Slurm's Reason, its first word: scontrol prints
+# "ReqNodeNotAvail,_UnavailableNodes:lab-003") that more nodes would cure:
+# - None: just submitted, the scheduler has not looked at it yet;
+# - Resources: no nodes free for it now;
+# - Priority: jobs ahead of it take the free nodes;
+# - ReqNodeNotAvail: nodes it could use are down, drained or reserved (a job that names
+#   its nodes, or waits in a reservation, is left out below).
+# Every other reason is one more nodes would not cure, among them: JobHeldUser,
+# JobHeldAdmin, "launch failed requeued held" (held); Dependency,
+# DependencyNeverSatisfied; BeginTime (a requeued job waits here too for a while);
+# QOS*/Assoc*/AccountingPolicy/Max*Per* (QOS and account limits), Licenses,
+# JobArrayTaskLimit (an array's % throttle); Reservation; PartitionDown,
+# PartitionInactive, PartitionNodeLimit, PartitionTimeLimit, BadConstraints,
+# InvalidAccount, InvalidQOS (configuration); Cleaning, Prolog, PowerUpNode (already
+# being placed or nodes already on their way).
+WAITING_FOR_NODES = frozenset({"None", "Resources", "Priority", "ReqNodeNotAvail"})
+# A pending array stands for this many pending work items at most (one per task that
+# could start at once); past it the autoscaler is at its maximum anyway.
+MAX_ARRAY_ITEMS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,20 +366,41 @@ class SlurmJobInfo:
     array_throttle: int | None = None  # at most this many of them run at once
     restarts: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    eligible_at: dt.datetime | None = None  # when it could first start (after a hold...)
+    required_nodes: tuple[str, ...] = ()  # --nodelist: it runs there or nowhere
+    reservation: str = ""  # it waits for (or runs in) this reservation's nodes
+    array_spec: str = ""  # a pending array's task ids: "0-9%2"
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_JOB_STATES
 
     @property
-    def pending_gpus(self) -> int:
-        """GPUs this record waits for: 0 unless PENDING for resources."""
-        if self.state != "PENDING" or self.state_reason not in WAITING_FOR_RESOURCES:
-            return 0
+    def waits_for_nodes(self) -> bool:
+        """PENDING for a reason more nodes would cure (``WAITING_FOR_NODES``), asking for
+        GPUs, and free to run on any node of its partition: a job pinned to nodes
+        (``--nodelist``) or in a reservation waits for those nodes, not for new ones."""
+        return (
+            self.state == "PENDING"
+            and reason_word(self.state_reason) in WAITING_FOR_NODES
+            and self.gpus > 0
+            and not self.required_nodes
+            and not self.reservation
+        )
+
+    @property
+    def runnable_tasks(self) -> int:
+        """Tasks of this record that could start at once: 1 for a plain job; an array's
+        pending tasks, at most its ``%`` throttle."""
         tasks = self.array_tasks
         if self.array_throttle:
             tasks = min(tasks, self.array_throttle)
-        return self.gpus * tasks
+        return tasks
+
+    @property
+    def pending_gpus(self) -> int:
+        """GPUs this record waits for: 0 unless it ``waits_for_nodes``."""
+        return self.gpus * self.runnable_tasks if self.waits_for_nodes else 0
 
     def to_sched_job(self) -> SchedJob:
         extra = {
@@ -386,8 +423,58 @@ class SlurmJobInfo:
 
 
 def pending_gpu_demand(jobs: Iterable[SlurmJobInfo]) -> int:
-    """GPUs asked for by PENDING jobs that wait for resources."""
+    """GPUs asked for by PENDING jobs that wait for nodes (``pending_work``'s total)."""
     return sum(job.pending_gpus for job in jobs)
+
+
+def pending_work(jobs: Iterable[SlurmJobInfo], *, now: dt.datetime) -> list[PendingWork]:
+    """The jobs that wait for nodes (``SlurmJobInfo.waits_for_nodes``), in Slurm's order:
+    id, GPUs in all (over its nodes) and since when it waits: its eligible time (the end
+    of a hold, a dependency or a begin time; a requeue sets it again), else its submit
+    time, else ``now``. A pending array gives one item per task that could start at once
+    (``123_4``: its own id once it runs), at most ``MAX_ARRAY_ITEMS``."""
+    out: list[PendingWork] = []
+    for job in jobs:
+        if not job.waits_for_nodes:
+            continue
+        since = job.eligible_at or job.submitted_at or now
+        if not job.array_spec:
+            out.append(PendingWork(id=job.job_id, gpus=job.gpus, since=since))
+            continue
+        ids = array_task_ids(job.array_spec, limit=min(job.runnable_tasks, MAX_ARRAY_ITEMS))
+        out.extend(PendingWork(id=f"{job.job_id}_{t}", gpus=job.gpus, since=since) for t in ids)
+    return out
+
+
+def reason_word(reason: str) -> str:
+    """A pending reason's first word: scontrol's ``ReqNodeNotAvail,_UnavailableNodes:x``
+    and squeue's ``ReqNodeNotAvail, UnavailableNodes:x`` → ``ReqNodeNotAvail``."""
+    return reason.split(",", 1)[0].strip() or "None"
+
+
+def array_task_ids(spec: str, *, limit: int) -> list[str]:
+    """The first ``limit`` task ids of an array's task string: ``0-9%2`` → 0, 1, ...;
+    ``1,3,5-7`` → 1, 3, 5, 6, 7; ``0-15:4`` → 0, 4, 8, 12."""
+    body = spec.partition("%")[0]
+    ids: list[str] = []
+    for part in body.split(","):
+        span, colon, step_text = part.strip().partition(":")
+        low, dash, high = span.partition("-")
+        if (
+            not low.isdigit()
+            or (dash and not high.isdigit())
+            or (colon and not step_text.isdigit())
+        ):
+            raise ValueError(f"array {spec!r}: bad range {part!r}")
+        step = int(step_text) if colon else 1
+        last = int(high) if dash else int(low)
+        if step < 1 or last < int(low):
+            raise ValueError(f"array {spec!r}: bad range {part!r}")
+        for task in range(int(low), last + 1, step):
+            if len(ids) >= limit:
+                return ids
+            ids.append(str(task))
+    return ids
 
 
 def _job_state(value: object) -> str:
@@ -442,9 +529,10 @@ def _job_from_json(job: Mapping[str, Any]) -> SlurmJobInfo:
             tasks=parse_number(job.get("tasks")),
         )
         gpus = asked if state == "PENDING" or not alloc else parse_tres_gpus(alloc)
-        tasks, throttle = (1, None)
+        tasks, throttle, array_spec = (1, None, "")
         if state == "PENDING":
-            tasks, throttle = count_array_tasks(_str(job, "array_task_string", what=what))
+            array_spec = _str(job, "array_task_string", what=what)
+            tasks, throttle = count_array_tasks(array_spec)
         user = _str(job, "user_name", what=what) or _str(job, "user_id", what=what)
         return SlurmJobInfo(
             job_id=str(job_number),
@@ -463,6 +551,10 @@ def _job_from_json(job: Mapping[str, Any]) -> SlurmJobInfo:
             array_tasks=tasks,
             array_throttle=throttle,
             restarts=parse_number(job.get("restart_cnt")) or 0,
+            eligible_at=parse_time(job.get("eligible_time")),
+            required_nodes=expand_hostlist(_str(job, "required_nodes", what=what)),
+            reservation=_str(job, "resv_name", what=what),
+            array_spec="" if is_empty(array_spec) else array_spec,
         )
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
@@ -577,9 +669,11 @@ def parse_scontrol_jobs(text: str) -> list[SlurmJobInfo]:
             )
             alloc = kv.get("AllocTRES", kv.get("TRES", ""))
             gpus = asked if state == "PENDING" or is_empty(alloc) else parse_tres_gpus(alloc)
-            tasks, throttle = (1, None)
+            tasks, throttle, array_spec = (1, None, "")
             if state == "PENDING" and "ArrayTaskId" in kv:
-                tasks, throttle = count_array_tasks(kv["ArrayTaskId"])
+                array_spec = kv["ArrayTaskId"]
+                tasks, throttle = count_array_tasks(array_spec)
+            reservation = kv.get("Reservation")
             jobs.append(
                 SlurmJobInfo(
                     job_id=job_id,
@@ -598,6 +692,10 @@ def parse_scontrol_jobs(text: str) -> list[SlurmJobInfo]:
                     array_tasks=tasks,
                     array_throttle=throttle,
                     restarts=int(kv["Restarts"]) if kv.get("Restarts", "").isdigit() else 0,
+                    eligible_at=parse_time(kv.get("EligibleTime")),
+                    required_nodes=expand_hostlist(kv.get("ReqNodeList")),
+                    reservation="" if is_empty(reservation) else str(reservation),
+                    array_spec="" if is_empty(array_spec) else array_spec,
                 )
             )
         except ValueError as exc:
