@@ -53,7 +53,9 @@ def test_every_state_is_reachable_from_the_first(
 
 def test_terminal_states_have_no_way_out() -> None:
     assert CLUSTER_TRANSITIONS[ClusterStatus.DELETED] == frozenset()
-    assert NODE_TRANSITIONS[NodeState.REMOVED] == frozenset()
+    # A removed node's one way out: Slurm powers a cloud node it had powered down up
+    # again, as the same node on a new machine (autoscaling, mode slurm).
+    assert NODE_TRANSITIONS[NodeState.REMOVED] == frozenset({NodeState.PROVISIONING})
     for status in (
         RepairStatus.REJECTED,
         RepairStatus.SUPERSEDED,
@@ -119,7 +121,7 @@ def test_invalid_transition_message_names_entity_and_allowed_targets() -> None:
     assert "node train-000" in info.value.message
     assert "removed" in info.value.message
     assert "in_service" in info.value.message
-    assert "allowed: none" in info.value.message
+    assert "allowed: provisioning" in info.value.message
 
     with pytest.raises(InvalidTransition) as info:
         check_transition(

@@ -33,8 +33,17 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
         proc.wait_ready(url)
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
+        clusters = api.get("/api/v1/clusters").json()["items"]
+        assert [c["name"] for c in clusters] == ["demo", "inference"]
+        demo, inference = clusters
+        # The inference cluster follows its demand trace: gpufleet's autoscaler decides.
+        scaling = api.get(f"/api/v1/clusters/{inference['id']}/autoscale").json()
+        assert (scaling["mode"], scaling["min_nodes"], scaling["max_nodes"]) == ("gpufleet", 1, 8)
+
         def fresh_gpus() -> int:
-            nodes = api.get("/api/v1/nodes", params={"gpus": "true", "limit": 100}).json()["items"]
+            nodes = api.get(
+                "/api/v1/nodes", params={"gpus": "true", "limit": 100, "cluster": demo["id"]}
+            ).json()["items"]
             now = dt.datetime.now(dt.UTC)
             return sum(
                 1
@@ -48,17 +57,17 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
             assert time.monotonic() - started < 30, f"only {fresh_gpus()} fresh GPUs after 30 s"
             time.sleep(0.5)
 
-        clusters = api.get("/api/v1/clusters").json()["items"]
-        assert [c["name"] for c in clusters] == ["demo"]
-        demo = clusters[0]
+        demo = api.get(f"/api/v1/clusters/{demo['id']}").json()
         assert demo["size"] == 16 and demo["gpus_per_node"] == 8
         assert demo["nodes"]["total"] == 16 and demo["nodes"]["gpus"] == 128
 
-        listed = run_cli("nodes", "list", url=url, token=token)
+        listed = run_cli("nodes", "list", "--cluster", "demo", url=url, token=token)
         assert listed.returncode == 0, listed.stderr
         for i in range(16):
             assert f"demo-{i:03d}" in listed.stdout
-        as_json = run_cli("nodes", "list", "--output", "json", url=url, token=token)
+        as_json = run_cli(
+            "nodes", "list", "--cluster", "demo", "--output", "json", url=url, token=token
+        )
         assert len(json.loads(as_json.stdout)["items"]) == 16
         node_ids = sorted(n["id"] for n in json.loads(as_json.stdout)["items"])
     finally:
@@ -76,8 +85,8 @@ def test_demo_fleet_reports_within_30_s_and_restart_reuses_it(tmp_path: Path) ->
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
         again.wait_ready(url)
         clusters = api.get("/api/v1/clusters").json()["items"]
-        assert [c["id"] for c in clusters] == [demo["id"]]
-        nodes = api.get("/api/v1/nodes", params={"limit": 100}).json()["items"]
-        assert sorted(n["id"] for n in nodes) == node_ids
+        assert [c["id"] for c in clusters] == [demo["id"], inference["id"]]
+        nodes = api.get("/api/v1/nodes", params={"limit": 100, "cluster": demo["id"]}).json()
+        assert sorted(n["id"] for n in nodes["items"]) == node_ids
     finally:
         again.stop()

@@ -220,6 +220,15 @@ ROUTES: dict[tuple[str, str], Rule] = {
         P.CLUSTER_CREATE, body=lambda _w, _v: {"config": {}, "reason": "matrix"}
     ),
     ("GET", "/api/v1/clusters/{cluster_id}/access"): Rule(P.MEMBER_READ),
+    ("GET", "/api/v1/clusters/{cluster_id}/autoscale"): Rule(P.CLUSTER_READ),
+    ("PUT", "/api/v1/clusters/{cluster_id}/autoscale"): Rule(
+        P.CLUSTER_CREATE, body=lambda _w, _v: {"max_step": 4, "reason": "matrix"}
+    ),
+    ("GET", "/api/v1/clusters/{cluster_id}/autoscale/actions"): Rule(P.CLUSTER_READ),
+    # A sim cluster has no power saving: the allowed caller's answer is a 409.
+    ("POST", "/api/v1/clusters/{cluster_id}/power"): Rule(
+        P.CLUSTER_CREATE, body=lambda _w, _v: {"action": "resume", "nodes": ["c-900"]}
+    ),
     ("GET", "/api/v1/nodes"): Rule(P.NODE_READ, query=_cluster_filter),
     ("GET", "/api/v1/nodes/{node_id}"): Rule(P.NODE_READ),
     ("POST", "/api/v1/nodes/{node_id}/faults"): Rule(

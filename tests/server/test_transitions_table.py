@@ -25,6 +25,7 @@ from gpufleet.core.transitions import LIFECYCLES, Lifecycle
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import (
     AuditLogRow,
+    AutoscaleActionRow,
     CheckRunRow,
     ClusterRow,
     EventRow,
@@ -37,6 +38,7 @@ from gpufleet.server.services.acceptance_status import (
     switch_acceptance_stage,
     switch_acceptance_status,
 )
+from gpufleet.server.services.autoscale import switch_autoscale_status
 from gpufleet.server.services.checks import switch_check_status
 from gpufleet.server.services.clusters import switch_cluster_status
 from gpufleet.server.services.command_records import switch_command_status
@@ -115,6 +117,16 @@ async def _startup(session: AsyncSession, world: World, now: dt.datetime) -> Any
     )  # fmt: skip
 
 
+async def _autoscale(session: AsyncSession, world: World, now: dt.datetime) -> Any:
+    row = AutoscaleActionRow(
+        id=new_id(), cluster_id=world.cluster.id, kind="scale_up", status="acting",
+        source="policy", count=1, node_ids=[], node_names=[], progress={}, reasons=[],
+        detail="", actor=ACTOR, created_at=now, updated_at=now,
+    )  # fmt: skip
+    session.add(row)
+    return row
+
+
 async def _host(session: AsyncSession, world: World, now: dt.datetime) -> Any:
     row = HostRow(
         id=new_id(), project_id=world.project.id, hostname=f"h-{new_id()}", bmc_type="ipmi",
@@ -151,6 +163,8 @@ CASES: dict[str, tuple[Make, Switch]] = {
         now=now)),
     "host": (_host, lambda s, _w, row, t, now: switch_host_state(
         s, host=row, target=t, actor=ACTOR, reason="test", now=now)),
+    "autoscale_action": (_autoscale, lambda s, w, row, t, now: switch_autoscale_status(
+        s, action=row, cluster=w.cluster, target=t, actor=ACTOR, reason="test", now=now)),
 }  # fmt: skip
 
 

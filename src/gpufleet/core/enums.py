@@ -203,3 +203,7 @@ class EventKind(StrEnum):
     CHECK_STATUS = "check.status"  # a check run started, was skipped on a node, or ended
     NODE_COMMAND = "node.command"  # a command for the node's agent: queued, sent, ended
     HOST_STATE = "host.state"  # an inventory host: in service, spare, claimed, out of service
+    AUTOSCALE_STATUS = "autoscale.status"  # a change of size began, ended or failed
+    AUTOSCALE_STEP = "autoscale.step"  # within one: a node held, removed, or kept (took work)
+    AUTOSCALE_DECISION = "autoscale.decision"  # the policy asked for a change, or was refused
+    AUTOSCALE_UPDATED = "autoscale.updated"  # an admin changed a cluster's autoscaling

@@ -9,7 +9,8 @@ also what a person reads in ``sinfo -R``, so each hold says who holds the node a
 - acceptance: ``gpufleet: acceptance tests running`` (older servers wrote
   ``gpufleet: acceptance``);
 - an admin's node action: ``gpufleet: <cordon|drain> by <actor>: <their reason>``;
-- the agent's Slurm HealthCheckProgram: ``gpufleet: healthcheck <signature> ...``.
+- the agent's Slurm HealthCheckProgram: ``gpufleet: healthcheck <signature> ...``;
+- the autoscaler taking an idle node away: ``gpufleet: autoscale <action id> scale-down``.
 
 Manual and healthcheck reasons are cut to ``MAX_REASON_CHARS``. Any other text after the
 prefix (written by hand, or by a newer version) is still ours: ``HoldKind.OTHER``.
@@ -41,6 +42,7 @@ class HoldKind(StrEnum):
     ACCEPTANCE = "acceptance"
     MANUAL = "manual"
     HEALTHCHECK = "healthcheck"
+    AUTOSCALE = "autoscale"
     OTHER = "other"  # ours (the prefix), in no shape this version writes
 
 
@@ -57,6 +59,7 @@ class HoldReason:
     actor: str | None = None  # manual: who
     note: str | None = None  # manual: their reason
     signatures: tuple[str, ...] = ()  # healthcheck
+    action_id: str | None = None  # autoscale: the action that takes the node away
 
     def __str__(self) -> str:
         return self.text
@@ -76,6 +79,9 @@ def parse_hold_reason(reason: str | None) -> HoldReason | None:
     head, _, tail = rest.partition(" ")
     if head == "acceptance":
         return HoldReason(HoldKind.ACCEPTANCE, reason)
+    if head == "autoscale":
+        action_id, _, _ = tail.partition(" ")
+        return HoldReason(HoldKind.AUTOSCALE, reason, action_id=action_id or None)
     if head == "healthcheck":
         return HoldReason(HoldKind.HEALTHCHECK, reason, signatures=tuple(tail.split()))
     manual = _MANUAL.fullmatch(rest)
@@ -110,6 +116,12 @@ def manual_hold(*, action: str, actor: str, note: str) -> HoldReason:
 def healthcheck_hold(signatures: Iterable[str]) -> HoldReason:
     """The reason the agent's Slurm HealthCheckProgram drains its node with."""
     return _ours(f"{HEALTHCHECK_REASON} {' '.join(signatures)}"[:MAX_REASON_CHARS])
+
+
+def autoscale_hold(action_id: str) -> HoldReason:
+    """The reason a node the autoscaler removes is drained with while it checks that no
+    job landed there; undone when one did (the node stays)."""
+    return _ours(f"{DRAIN_REASON_PREFIX} autoscale {action_id} scale-down")
 
 
 def _ours(text: str) -> HoldReason:

@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from gpufleet.core.acceptance import AcceptanceStatus
 from gpufleet.core.agent_protocol import CommandStatus
+from gpufleet.core.autoscaling import AutoscaleStatus
 from gpufleet.core.enums import (
     AcceptanceStage,
     CheckStatus,
@@ -48,7 +49,8 @@ NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     N.REPAIRING: frozenset({N.ACCEPTANCE, N.IN_SERVICE, N.CORDONED, N.FAILED, N.REMOVING}),
     N.FAILED: frozenset({N.PROVISIONING, N.REMOVING}),
     N.REMOVING: frozenset({N.REMOVED}),
-    N.REMOVED: frozenset(),
+    # A Slurm cloud node powered down comes back as itself when Slurm resumes it.
+    N.REMOVED: frozenset({N.PROVISIONING}),
 }
 
 REPAIR_TRANSITIONS: Mapping[RepairStatus, frozenset[RepairStatus]] = {
@@ -133,6 +135,17 @@ HOST_TRANSITIONS: Mapping[HostState, frozenset[HostState]] = {
     H.OUT_OF_SERVICE: frozenset({H.SPARE, H.IN_SERVICE}),
 }
 
+# A change of a cluster's size acts at once (its nodes are made, or held for removal) and
+# ends when they are in service or gone; a step down none of whose nodes could go (each
+# took work first) is cancelled.
+Z = AutoscaleStatus
+AUTOSCALE_TRANSITIONS: Mapping[AutoscaleStatus, frozenset[AutoscaleStatus]] = {
+    Z.ACTING: frozenset({Z.SUCCEEDED, Z.FAILED, Z.CANCELLED}),
+    Z.SUCCEEDED: frozenset(),
+    Z.FAILED: frozenset(),
+    Z.CANCELLED: frozenset(),
+}
+
 
 @dataclass(frozen=True)
 class Lifecycle(Generic[S]):
@@ -176,6 +189,10 @@ STARTUP_RUN = Lifecycle(
     "startup.status", "node_startup",
 )  # fmt: skip
 HOST = Lifecycle(HostState, HOST_TRANSITIONS, "state", EventKind.HOST_STATE, "host.state", "host")
+AUTOSCALE_ACTION = Lifecycle(
+    AutoscaleStatus, AUTOSCALE_TRANSITIONS, "status", EventKind.AUTOSCALE_STATUS,
+    "autoscale.status", "autoscale_action",
+)  # fmt: skip
 
 # Every lifecycle, by name: the table-driven test walks them all.
 LIFECYCLES: Mapping[str, Lifecycle[Any]] = {
@@ -188,6 +205,7 @@ LIFECYCLES: Mapping[str, Lifecycle[Any]] = {
     "acceptance_stage": ACCEPTANCE_RUN_STAGE,
     "startup_run": STARTUP_RUN,
     "host": HOST,
+    "autoscale_action": AUTOSCALE_ACTION,
 }
 
 

@@ -10,16 +10,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import grpc
 from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute
 
 from gpufleet import __version__
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.enums import ProviderKind, SchedulerKind
+from gpufleet.core.errors import InvalidInput
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry, bare_metal_providers, slurm_scheduler
 from gpufleet.server.errors import ERROR_RESPONSES, install_error_handlers
+from gpufleet.server.externalgrpc.groups import ClusterNodeGroups
+from gpufleet.server.externalgrpc.service import TlsFiles, add_port, create_server, stop_server
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
@@ -32,6 +36,7 @@ from gpufleet.server.routers import (
     agent_commands,
     audit,
     auth,
+    autoscale,
     checks,
     clusters,
     credentials,
@@ -61,6 +66,7 @@ from gpufleet.server.sim_wiring import SimBundle, build_sim
 from gpufleet.server.web.router import install_console
 from gpufleet.server.workers.acceptance.runner import AcceptanceLoop
 from gpufleet.server.workers.accounting import AccountingLoop
+from gpufleet.server.workers.autoscaler import AutoscalerLoop
 from gpufleet.server.workers.base import LoopDeps, LoopService
 from gpufleet.server.workers.checks.context import default_check_settings
 from gpufleet.server.workers.checks.runner import CheckRunner
@@ -145,11 +151,15 @@ def create_app(
                 tasks.append(asyncio.create_task(loop.run(stop), name=f"loop-{loop.name}"))
         if sim is not None and settings.sim_agents:
             tasks.append(asyncio.create_task(sim.runner.run(stop), name="sim-agents"))
+        grpc_server = await _start_externalgrpc(ctx)
         ctx.ready = True
         try:
             yield
         finally:
             ctx.ready = False
+            if grpc_server is not None:
+                with contextlib.suppress(Exception):
+                    await stop_server(grpc_server)
             stop.set()
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -215,6 +225,7 @@ def _route_table() -> tuple[BaseRoute, ...]:
         hosts,
         providers,
         enrollment,
+        autoscale,
     ):
         api.include_router(module.router)
     scratch.include_router(probes.router)
@@ -245,6 +256,32 @@ def _hoist_body_defs(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+async def _start_externalgrpc(ctx: AppContext) -> grpc.aio.Server | None:
+    """Serve Cluster Autoscaler's externalgrpc CloudProvider when an address is set."""
+    settings = ctx.settings
+    if settings.externalgrpc_address is None:
+        return None
+    tls_files = (
+        settings.externalgrpc_tls_key,
+        settings.externalgrpc_tls_cert,
+        settings.externalgrpc_tls_cacert,
+    )
+    tls = None
+    if any(f is not None for f in tls_files):
+        key, cert, cacert = tls_files
+        if key is None or cert is None or cacert is None:
+            raise InvalidInput(
+                "externalgrpc TLS needs all three of externalgrpc_tls_key, "
+                "externalgrpc_tls_cert and externalgrpc_tls_cacert"
+            )
+        tls = TlsFiles(key=key, cert=cert, cacert=cacert)
+    backend = ClusterNodeGroups(db=ctx.db, clock=ctx.clock, drivers=ctx.drivers)
+    server = create_server(backend)
+    ctx.externalgrpc_port = add_port(server, address=settings.externalgrpc_address, tls=tls)
+    await server.start()
+    return server
+
+
 def build_loops(ctx: AppContext) -> list[LoopService]:
     deps = LoopDeps(
         db=ctx.db,
@@ -267,6 +304,7 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             drivers=ctx.drivers,
             failpoints=Failpoints.parse(ctx.settings.failpoints),
         ),
+        AutoscalerLoop(deps, interval_s=ctx.settings.autoscale_interval_s, drivers=ctx.drivers),
         HealthLoop(
             deps,
             interval_s=max(ctx.settings.reconcile_interval_s, 2.0),

@@ -24,6 +24,8 @@ class AppContext:
     clock: Clock
     public_url: str = ""
     ready: bool = False
+    # The port the Cluster Autoscaler externalgrpc service listens on (None: not served).
+    externalgrpc_port: int | None = None
     bootstrap_token: str | None = field(default=None, repr=False)
     # Seals and opens stored credentials; empty when no key is configured.
     keyring: Keyring = field(default_factory=Keyring, repr=False)

@@ -1,7 +1,9 @@
-"""The demo: a project and a simulated cluster of 16 × 8 H100, on embedded defaults."""
+"""The demo: a project, a simulated cluster of 16 × 8 H100 and an autoscaled inference
+cluster fed a compressed demand trace, on embedded defaults."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 
@@ -9,22 +11,43 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.acceptance import AcceptanceScope, AcceptanceSuite, SuiteCheck
+from gpufleet.core.autoscaling import AutoscaleMode
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.errors import Unauthorized
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.repair.models import DrainTimeoutAction
+from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.tables import ClusterRow, ProjectRow, RepairPolicyRow, UserRow
 from gpufleet.server.demo_slurm import DEMO_SLURM_CLUSTER, SlurmDemo
+from gpufleet.server.schemas.autoscale import SetAutoscaleRequest
 from gpufleet.server.schemas.clusters import CreateClusterRequest
 from gpufleet.server.schemas.repairs import RepairPolicyRequest
 from gpufleet.server.services.auth import Caller, create_api_token, resolve_caller
+from gpufleet.server.services.autoscale_settings import set_autoscale
 from gpufleet.server.services.clusters import create_cluster
 from gpufleet.server.services.projects import create_project
 from gpufleet.server.services.repair_policy import set_policy
+from gpufleet.sim.demand import TraceJob, bursty_inference
 
 DEMO_PROJECT = "demo"
 DEMO_CLUSTER = "demo"
+# An inference cluster that follows its demand: gpufleet's autoscaler, fed a week of the
+# bursty-inference trace compressed so a day passes in an hour.
+DEMO_INFERENCE_CLUSTER = "inference"
+DEMO_TRACE_DAYS = 7
+DEMO_TRACE_SPEEDUP = 24.0
+DEMO_AUTOSCALE = SetAutoscaleRequest(
+    mode=AutoscaleMode.GPUFLEET,
+    min_nodes=1,
+    max_nodes=8,
+    scale_up_after_s=30.0,
+    scale_down_after_s=180.0,
+    up_cooldown_s=30.0,
+    down_cooldown_s=60.0,
+    max_step=4,
+    reason="demo: capacity follows the inference trace",
+)
 DEMO_NODES = 16
 DEMO_GPUS_PER_NODE = 8
 TOKEN_FILE = "demo-token"  # noqa: S105 - a file name
@@ -94,6 +117,30 @@ async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> st
                 acceptance_suite=DEMO_ACCEPTANCE_SUITE,
             ),
         )
+        inference = await _ensure_cluster(
+            ctx,
+            session,
+            caller=caller,
+            project=project,
+            request=CreateClusterRequest(
+                project=DEMO_PROJECT,
+                name=DEMO_INFERENCE_CLUSTER,
+                scheduler=SchedulerKind.SIM,
+                provider=ProviderKind.SIM,
+                gpu_model=DEFAULT_GPU_MODEL,
+                gpus_per_node=DEMO_GPUS_PER_NODE,
+                size=2,
+                acceptance_tests=True,
+                acceptance_suite=DEMO_ACCEPTANCE_SUITE,
+                autoscale_min=DEMO_AUTOSCALE.min_nodes,
+                autoscale_max=DEMO_AUTOSCALE.max_nodes,
+            ),
+        )
+        if inference is not None:
+            await set_autoscale(
+                session, caller=caller, cluster_id=inference, request=DEMO_AUTOSCALE,
+                now=ctx.clock.now(),
+            )  # fmt: skip
         if slurm is not None:
             # The lab's nodes as the cluster ``slurm``: sim machines, real Slurm scheduling.
             await _ensure_cluster(
@@ -114,6 +161,8 @@ async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> st
                     first_node_index=slurm.first_index,
                 ),
             )
+    if inference is not None:
+        _feed_inference(ctx, inference)
     async with ctx.db.transaction() as session:
         project = await session.scalar(select(ProjectRow).where(ProjectRow.name == DEMO_PROJECT))
         assert project is not None
@@ -129,6 +178,23 @@ async def prepare_demo(ctx: AppContext, *, slurm: SlurmDemo | None = None) -> st
     return token
 
 
+def _feed_inference(ctx: AppContext, cluster_id: str) -> None:
+    """The inference cluster's users: only the trace's jobs run there (no synthetic
+    background load), a day of them an hour. The world keeps the trace across restarts."""
+    provider = ctx.drivers.provider(ProviderKind.SIM.value)
+    if not isinstance(provider, SimProvider):
+        return
+    k = 1.0 / DEMO_TRACE_SPEEDUP
+    trace = [
+        TraceJob(id=j.id, arrive_s=j.arrive_s * k, gpus=j.gpus, duration_s=j.duration_s * k)
+        for j in bursty_inference(days=DEMO_TRACE_DAYS)
+    ]
+    # Start the trace's first day at 08:00, when the bursts begin.
+    start = ctx.clock.now() - dt.timedelta(hours=8 * k)
+    provider.world.set_synthetic_load(cluster_id, on=False)
+    provider.world.feed_trace(cluster_id, trace, start=start, gpus_per_node=DEMO_GPUS_PER_NODE)
+
+
 async def _ensure_cluster(
     ctx: AppContext,
     session: AsyncSession,
@@ -136,8 +202,9 @@ async def _ensure_cluster(
     caller: Caller,
     project: ProjectRow,
     request: CreateClusterRequest,
-) -> None:
-    """Create the cluster unless the project has a live one of that name already."""
+) -> str | None:
+    """Create the cluster unless the project has a live one of that name already; the
+    new cluster's id, or None when it was there."""
     exists = await session.scalar(
         select(ClusterRow.id).where(
             ClusterRow.project_id == project.id,
@@ -145,8 +212,10 @@ async def _ensure_cluster(
             ClusterRow.deleted_at.is_(None),
         )
     )
-    if exists is None:
-        await create_cluster(session, caller=caller, request=request, drivers=ctx.drivers)
+    if exists is not None:
+        return None
+    created = await create_cluster(session, caller=caller, request=request, drivers=ctx.drivers)
+    return created.id
 
 
 async def _demo_token(ctx: AppContext) -> str:

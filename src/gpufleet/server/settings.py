@@ -90,6 +90,14 @@ class ServerSettings(BaseSettings):
         default=(30.0, 90.0),
         description="Range of simulated boot times, seconds (cloud VMs with GPUs: ~0.5-1.5 min).",
     )
+    sim_max_instances: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Machines the simulated cloud has in all (a stockout past it: the provider "
+            "refuses with out_of_capacity); unset: no limit."
+        ),
+    )
     sim_reboot_delay_s: tuple[float, float] = Field(
         default=(10.0, 30.0),
         description="Range of simulated reboot times, seconds (an OS reboot, no reinstall).",
@@ -144,6 +152,33 @@ class ServerSettings(BaseSettings):
             "Seconds between reads of the slurmd pods of each kubernetes cluster (Slurm on "
             "Kubernetes): a pod restarted or replaced by its controller becomes an event."
         ),
+    )
+    autoscale_interval_s: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "Seconds between passes of the autoscaler: each cluster with autoscaling on has "
+            "its queue and nodes read, and its changes of size carried forward."
+        ),
+    )
+    externalgrpc_address: str | None = Field(
+        default=None,
+        description=(
+            "host:port to serve Kubernetes Cluster Autoscaler's externalgrpc CloudProvider "
+            "service on (its cloud-config 'address'); unset: not served. Node groups are "
+            "the clusters whose autoscaling mode is cluster-autoscaler."
+        ),
+    )
+    externalgrpc_tls_key: Path | None = Field(
+        default=None, description="PEM key of the externalgrpc service (mutual TLS)."
+    )
+    externalgrpc_tls_cert: Path | None = Field(
+        default=None,
+        description="PEM certificate of the externalgrpc service; names the host CA dials.",
+    )
+    externalgrpc_tls_cacert: Path | None = Field(
+        default=None,
+        description="PEM CA that signed Cluster Autoscaler's client certificate.",
     )
     accounting_interval_s: float = Field(
         default=30.0,

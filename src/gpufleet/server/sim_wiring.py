@@ -49,6 +49,7 @@ def build_sim(settings: ServerSettings, *, clock: Clock) -> SimBundle:
             reboot_failure_rate=settings.sim_reboot_failure_rate,
             reset_gpu_delay_s=settings.sim_reset_gpu_delay_s,
             failure_rate=settings.sim_failure_rate,
+            max_instances=settings.sim_max_instances,
         ),
     )
     return SimBundle(

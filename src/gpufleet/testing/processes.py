@@ -42,6 +42,7 @@ def fast_sim_server_env(*, data_dir: Path, port: int, token_file: Path) -> dict[
         "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
         "GPUFLEET_REPAIR_INTERVAL_S": "0.3",
         "GPUFLEET_CHECK_INTERVAL_S": "0.3",
+        "GPUFLEET_AUTOSCALE_INTERVAL_S": "0.3",
         "GPUFLEET_REPORT_INTERVAL_S": "0.5",
     }
 

@@ -277,6 +277,14 @@ class NodeRow(_Leased, Base):
     enroll_open_at: Mapped[dt.datetime | None]
     # Why the node is held where it is: a failed startup script, a failed acceptance check.
     state_detail: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # Since when its scheduler has seen no job on it (the autoscaler's reading; None:
+    # busy, or not read yet).
+    idle_since: Mapped[dt.datetime | None]
+    # The provider's last refusal to make its machine (cleared once one is made), and the
+    # error's code (``out_of_capacity`` for a stockout or quota): the autoscaler's
+    # Cluster Autoscaler service reports it with the right error class.
+    provision_error: Mapped[str] = mapped_column(Text, default="", server_default="")
+    provision_error_code: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     removed_at: Mapped[dt.datetime | None]
@@ -725,3 +733,52 @@ class HostRow(Base):
     claim_token: Mapped[str | None] = mapped_column(String(128), unique=True)
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
+
+
+class AutoscalePolicyRow(Base):
+    """A cluster's autoscaling settings (``core.autoscaling.AutoscaleSettings``; the bounds
+    are the cluster's ``autoscale_min``/``autoscale_max``) and the policy's memory: when it
+    last stepped, and what it last concluded."""
+
+    __tablename__ = "autoscale_policy"
+
+    cluster_id: Mapped[str] = mapped_column(
+        ForeignKey("cluster.id", ondelete="CASCADE"), primary_key=True
+    )
+    mode: Mapped[str] = mapped_column(String(24))  # core.autoscaling.AutoscaleMode
+    scale_up_after_s: Mapped[float] = mapped_column(Float)
+    scale_down_after_s: Mapped[float] = mapped_column(Float)
+    up_cooldown_s: Mapped[float] = mapped_column(Float)
+    down_cooldown_s: Mapped[float] = mapped_column(Float)
+    max_step: Mapped[int] = mapped_column(Integer)
+    last_up_at: Mapped[dt.datetime | None]
+    last_down_at: Mapped[dt.datetime | None]
+    last_decision: Mapped[str] = mapped_column(Text, default="", server_default="")
+    updated_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[dt.datetime]
+
+
+class AutoscaleActionRow(Base):
+    """One change of a cluster's size: nodes added (their rows made at once, provisioned
+    and accepted by their own loops) or removed (each held, checked idle, its machine given
+    back). ``status`` is the action's lifecycle (``core/transitions.py``)."""
+
+    __tablename__ = "autoscale_action"
+    __table_args__ = (Index("ix_autoscale_action_cluster_id_id", "cluster_id", "id"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # scale_up | scale_down
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    source: Mapped[str] = mapped_column(String(24))
+    count: Mapped[int] = mapped_column(Integer)
+    node_ids: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    node_names: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Per node id, for a step down: held | removed | kept (took work, released) | gone.
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    reasons: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    actor: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    finished_at: Mapped[dt.datetime | None]

@@ -11,13 +11,17 @@ import json
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
+import gpufleet.server.services.autoscale as autoscale_services
+import gpufleet.server.services.autoscale_settings as autoscale_settings
 import gpufleet.server.services.cluster_provider_config as provider_config_services
 import gpufleet.server.services.clusters as clusters_services
+from gpufleet.core.autoscaling import AutoscaleMode
 from gpufleet.core.errors import Conflict, InvalidInput
 from gpufleet.core.rbac import Permission
 from gpufleet.server.context import AppContext
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.errors import describe_validation_errors
+from gpufleet.server.schemas.autoscale import SetAutoscaleRequest
 from gpufleet.server.schemas.clusters import UpdateClusterRequest
 from gpufleet.server.services.auth import require
 from gpufleet.server.web.context import ClusterPage, load_cluster_page
@@ -47,6 +51,12 @@ async def configuration_tab(
             session, caller=user.caller, cluster_id=page.cluster.id,
             staleness_s=ctx.settings.staleness_s, now=ctx.clock.now(),
         )  # fmt: skip
+        autoscale = await autoscale_settings.get_autoscale(
+            session, caller=user.caller, cluster_id=page.cluster.id
+        )
+        actions = await autoscale_services.list_autoscale_actions(
+            session, caller=user.caller, cluster_id=page.cluster.id, limit=10, cursor=None
+        )
         try:
             provider = await provider_config_services.get_provider_config(
                 session, caller=user.caller, cluster_id=page.cluster.id
@@ -62,7 +72,8 @@ async def configuration_tab(
         page.context(
             user, "configuration", cluster=cluster, now=ctx.clock.now(),
             provider_rows=provider_rows, provider_error=provider_error,
-            provider_json=json.dumps(values, indent=2),
+            provider_json=json.dumps(values, indent=2), autoscale=autoscale,
+            autoscale_actions=actions.items, autoscale_modes=[m.value for m in AutoscaleMode],
         ),
     )  # fmt: skip
 
@@ -133,4 +144,40 @@ async def update_provider_config(
         )  # fmt: skip
     response = redirect(back)
     set_flash(response, text=f"Provider configuration of {page.cluster.name} saved.")
+    return response
+
+
+@router.post("/clusters/{cluster_id}/autoscale")
+async def update_autoscale(
+    cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
+) -> Response:
+    """The autoscaling form: every field, as ``PUT /api/v1/clusters/{id}/autoscale``."""
+    form, page, back = await _admin_form(cluster_id, request, ctx, user)
+    fields: dict[str, object] = {
+        "mode": first(form, "mode").strip() or "off",
+        "min_nodes": _bound(form, "min_nodes"),
+        "max_nodes": _bound(form, "max_nodes"),
+        "reason": first(form, "reason").strip(),
+    }
+    for name in ("scale_up_after_s", "scale_down_after_s", "up_cooldown_s", "down_cooldown_s"):
+        text = first(form, name).strip()
+        if text:
+            try:
+                fields[name] = float(text)
+            except ValueError:
+                raise InvalidInput(f"{name} must be a number of seconds", field=name) from None
+    step = _bound(form, "max_step")
+    if step is not None:
+        fields["max_step"] = step
+    try:
+        body = SetAutoscaleRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_errors(list(exc.errors()))[0]) from None
+    async with ctx.db.transaction() as session:
+        await autoscale_settings.set_autoscale(
+            session, caller=user.caller, cluster_id=page.cluster.id, request=body,
+            now=ctx.clock.now(),
+        )  # fmt: skip
+    response = redirect(f"{back}#autoscaling")
+    set_flash(response, text=f"Autoscaling of {page.cluster.name} saved.")
     return response

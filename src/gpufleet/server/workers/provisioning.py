@@ -33,6 +33,7 @@ from gpufleet.server.db.tables import ClusterRow, NodeRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.acceptance import settle_cluster_status
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
+from gpufleet.server.services.autoscale import provider_id_of
 from gpufleet.server.services.clusters import new_node_rows, node_name, switch_cluster_status
 from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
 from gpufleet.server.services.events import record_event
@@ -223,7 +224,11 @@ class ProvisioningLoop(LoopService):
     ) -> None:
         token = generate_token(NODE_TOKEN_PREFIX)
         enrolls = takes_no_user_data(cluster.provider)
-        user_data = {"gpufleet_url": self.server_url(), "gpufleet_scheduler": cluster.scheduler}
+        user_data = {
+            "gpufleet_url": self.server_url(),
+            "gpufleet_scheduler": cluster.scheduler,
+            "gpufleet_provider_id": provider_id_of(cluster.id, node.name),
+        }
         if not enrolls:
             user_data["gpufleet_node_token"] = token
         request = ProvisionRequest(
@@ -237,17 +242,26 @@ class ProvisioningLoop(LoopService):
         try:
             instance = await provider.provision(request)
         except DriverError as exc:
-            async with self.db.transaction() as session:
+            async with guarded_apply(
+                self.db, row_type=NodeRow, row_id=node.id, guard=_provisioning, clock=self.clock
+            ) as refused:
+                if refused is None:
+                    return
+                refused.row.provision_error = exc.message
+                refused.row.provision_error_code = exc.code
+                refused.row.updated_at = refused.now
                 record_event(
-                    session,
+                    refused.session,
                     kind=EventKind.PROVIDER_ERROR,
                     message=f"node {node.name}: provision failed: {exc.message}",
                     project_id=cluster.project_id,
                     cluster_id=cluster.id,
                     node_id=node.id,
                     actor=ACTOR,
+                    data={"code": exc.code},
                 )
             return
+        await self._hold_early(cluster, node)
         async with guarded_apply(
             self.db, row_type=NodeRow, row_id=node.id, guard=_provisioning, clock=self.clock
         ) as applied:
@@ -256,6 +270,7 @@ class ProvisioningLoop(LoopService):
             row = applied.row
             row.provider_instance_id = instance.instance_id
             row.provision_requested_at = applied.now
+            row.provision_error, row.provision_error_code = "", None
             if enrolls:
                 open_enrollment(row, now=applied.now)  # its agent enrolls for its token
             else:
@@ -272,6 +287,20 @@ class ProvisioningLoop(LoopService):
                 actor=ACTOR,
                 data={"instance_id": instance.instance_id, "attempt": node.attempts + 1},
             )
+
+    async def _hold_early(self, cluster: ClusterRow, node: _NodeView) -> None:
+        """Hold a node that will be tested before its machine is even up, so no job lands
+        on it between its scheduler seeing it and acceptance holding it (a cloud node that
+        registers takes a waiting job at once). Best effort: a scheduler that does not
+        know the node yet (a kubelet not registered) refuses, and the hold made when the
+        machine runs (``_mark_provisioned``) still comes before acceptance."""
+        if not cluster.acceptance_tests:
+            return
+        scheduler = scheduler_for(self.drivers, cluster)
+        try:
+            await hold_in_scheduler(scheduler, node.name, reason=acceptance_hold())
+        except DriverError as exc:
+            log.debug("provisioning: node %s: early hold: %s", node.name, exc)
 
     async def _wait_for_agent(self, node: _NodeView, instance: Instance) -> None:
         """Show why a bare-metal node still provisions: its host is claimed and powered,
