@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from gpufleet.cli import config, provider_config
+from gpufleet.cli import autoscale, config, provider_config
 from gpufleet.cli.errors import CliError
 from gpufleet.cli.output import (
     HEALTH_STYLES,
@@ -44,6 +44,7 @@ from gpufleet.core.models import (
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
 app.add_typer(provider_config.app, name="provider-config")
+app.add_typer(autoscale.app, name="autoscale")
 
 # Label keys as Kubernetes spells them (optional prefix/, then a name), values anything
 # without a newline; checked here so a typo fails before anything is sent.

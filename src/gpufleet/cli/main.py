@@ -27,6 +27,7 @@ from gpufleet.cli import (
     scan,
     server,
     slurm_node,
+    slurm_power,
     tokens,
     usage,
     users,
@@ -89,7 +90,13 @@ app.add_typer(providers.app, name="providers")
 app.add_typer(nodes.app, name="nodes")
 app.add_typer(repairs.app, name="repairs")
 app.add_typer(usage.app, name="usage")
-app.add_typer(slurm_node.app, name="slurm")
+app.add_typer(
+    slurm_node.app,
+    name="slurm",
+    help="Slurm's programs: node hooks (slurmd, on each node) and power saving (slurmctld).",
+)
+slurm_node.app.command("resume")(slurm_power.resume)
+slurm_node.app.command("suspend")(slurm_power.suspend)
 app.add_typer(checks.app, name="checks")
 app.add_typer(acceptance.app, name="acceptance")
 app.command("events")(events.list_events)

@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from gpufleet.client.access import AccessCalls
+from gpufleet.client.autoscale import AutoscaleCalls
 from gpufleet.client.calls import API, segment
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import raise_for_error
@@ -101,7 +102,7 @@ def _query(params: Mapping[str, object]) -> dict[str, QueryValue]:
     return out
 
 
-class ApiClient(AccessCalls, InventoryCalls, ProviderCalls):
+class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
     """Synchronous client for one gpufleet server.
 
     ``token`` is an API token (``Authorization: Bearer``); ``None`` only reaches the

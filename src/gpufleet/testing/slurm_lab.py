@@ -21,6 +21,7 @@ Stable API (the Slurm driver's tests rely on it; add to it, do not change it)::
     lab.restart_slurmdbd()     # stop + start slurmdbd; returns once it answers
     lab.kill_slurmd(node)      # SIGKILL (a crash); signal.SIGSTOP / SIGCONT for a hang
     lab.start_slurmd(node)     # start it again (returns once it runs, not once idle)
+    lab.stop_slurmd(node)      # SIGTERM, wait until it is gone (a cloud node's too)
     lab.node_states()          # {"lab-001": "idle", "lab-002": "drain", "lab-003": "idle*"}
     lab.wait_for_node_state(node, "idle", timeout_s=30.0)      # -> the state reached
     lab.wait_until(check, timeout_s=..., what="...")           # poll a condition
@@ -35,6 +36,22 @@ Stable API (the Slurm driver's tests rely on it; add to it, do not change it)::
     lab.start_slurmrestd()     # start what is stopped; returns once both accept connections
     lab.down()                 # stop every daemon (state kept: up() again resumes it)
     lab.purge()                # down, drop the accounting database, delete the dir
+
+Power saving (Slurm's elastic cloud), off unless asked for::
+
+    lab = SlurmLab(dir=..., cloud=CloudNodes(count=2, resume_program=Path("/tmp/r.sh"),
+                   suspend_program=Path("/tmp/s.sh"), resume_timeout_s=10,
+                   suspend_time_s=4, suspend_timeout_s=3))
+    lab.cloud_node_names       # ("cloud1", "cloud2"): State=CLOUD, partition "cloud"
+                               #   (not the default; "gpu" then lists only the lab nodes)
+    lab.start_slurmd("cloud1") # what a ResumeProgram's machine does: slurmd -b (a fresh
+                               #   BootTime) on the node's own port; register -> in service
+    lab.stop_slurmd("cloud1")  # what a SuspendProgram's machine does
+    lab.power_log              # what the default programs (None above) log, one line each
+
+Slurm runs the programs as SlurmUser (root in the lab) with the hostlist as the only
+argument, ``SLURM_RESUME_FILE`` for resume; nothing starts a cloud node's slurmd but
+``start_slurmd``, so a node nobody starts goes DOWN after ``resume_timeout_s``.
 
 States are sinfo's compact ``%t`` form: ``idle``, ``alloc``, ``mix``, ``drain``, ``drng``,
 ``down``..., with ``*`` appended while the node does not respond. Errors are
@@ -51,6 +68,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -116,6 +134,55 @@ def free_port_base(
     raise SlurmLabError("no free block of ports found in 20000..60000 for a Slurm lab")
 
 
+@dataclass(frozen=True)
+class CloudNodes:
+    """The lab's ``State=CLOUD`` nodes ``cloud1..cloud<count>`` and Slurm's power saving
+    for them (``SLURM_LAB_CLOUD_*`` and the rest in ``deploy/slurm-lab/slurm-lab``).
+
+    ``resume_program`` / ``suspend_program``: absolute paths of executables (None: the
+    lab's scripts, which only log to ``power_log``). The times are whole seconds and
+    apply to the cloud partition only: the global SuspendTime stays INFINITE, so the lab
+    nodes never power down. ``power_save_interval_s``: how often slurmctld looks (its
+    default, 10 s, makes tests slow).
+    """
+
+    count: int
+    resume_program: Path | None = None
+    suspend_program: Path | None = None
+    resume_timeout_s: int = 30
+    suspend_time_s: int = 30
+    suspend_timeout_s: int = 10
+    power_save_interval_s: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= 99:
+            raise ValueError(f"cloud nodes: count must be 1..99, got {self.count}")
+        for name in ("resume_program", "suspend_program"):
+            path = getattr(self, name)
+            if path is not None and (not path.is_absolute() or any(c in str(path) for c in " |#")):
+                raise ValueError(f"cloud nodes: {name} must be an absolute path without "
+                                 f"spaces, '|' or '#', got {str(path)!r}")  # fmt: skip
+        for name in ("resume_timeout_s", "suspend_time_s", "suspend_timeout_s",
+                     "power_save_interval_s"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"cloud nodes: {name} must be at least 1 s")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f"cloud{i}" for i in range(1, self.count + 1))
+
+    def env(self) -> dict[str, str]:
+        return {
+            "SLURM_LAB_CLOUD_NODES": str(self.count),
+            "SLURM_LAB_RESUME_PROGRAM": str(self.resume_program or ""),
+            "SLURM_LAB_SUSPEND_PROGRAM": str(self.suspend_program or ""),
+            "SLURM_LAB_RESUME_TIMEOUT": str(self.resume_timeout_s),
+            "SLURM_LAB_SUSPEND_TIME": str(self.suspend_time_s),
+            "SLURM_LAB_SUSPEND_TIMEOUT": str(self.suspend_timeout_s),
+            "SLURM_LAB_POWER_SAVE_INTERVAL": str(self.power_save_interval_s),
+        }
+
+
 class SlurmLab:
     """One lab: a directory holding its config, state and logs, and the daemons run from it."""
 
@@ -131,6 +198,7 @@ class SlurmLab:
         up_timeout_s: float = 60.0,
         script: Path = SCRIPT,
         cgroup: str | None = None,
+        cloud: CloudNodes | None = None,
     ) -> None:
         """Describe a lab; nothing starts before ``up()``.
 
@@ -151,6 +219,9 @@ class SlurmLab:
             cgroup: ``SLURM_LAB_CGROUP``: ``auto`` (cgroup v1 when the host has it),
                 ``v1``, or ``none`` (proctrack/linuxproc: a ``setsid`` child escapes
                 the job); None keeps what the dir recorded, else auto.
+            cloud: ``State=CLOUD`` nodes with Slurm's power saving (see ``CloudNodes``);
+                None keeps what the dir recorded, else none. Their ports follow the
+                lab nodes' (``free_port_base(nodes=nodes + cloud.count)``).
         """
         if nodes < 1 or gpus < 1:
             raise ValueError(f"a lab needs at least 1 node and 1 GPU, got {nodes} and {gpus}")
@@ -168,6 +239,7 @@ class SlurmLab:
         if cgroup not in (None, "auto", "v1", "none"):
             raise ValueError(f"cgroup must be auto, v1 or none, got {cgroup!r}")
         self.cgroup = cgroup
+        self.cloud = cloud
         self.startup_s: float | None = None
 
     # ---------------------------------------------------------------- facts
@@ -175,6 +247,16 @@ class SlurmLab:
     @property
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"lab-{i:03d}" for i in range(1, self.nodes + 1))
+
+    @property
+    def cloud_node_names(self) -> tuple[str, ...]:
+        """The ``State=CLOUD`` nodes (``cloud1``...); empty without ``cloud``."""
+        return self.cloud.names if self.cloud is not None else ()
+
+    @property
+    def power_log(self) -> Path:
+        """Where the lab's own resume/suspend scripts log each call."""
+        return self.log_dir / "power.log"
 
     @property
     def slurm_conf(self) -> Path:
@@ -334,9 +416,16 @@ class SlurmLab:
 
     def start_slurmd(self, node: str) -> None:
         """Start one node's slurmd again (with ReturnToService=2 the node is idle again
-        within about a second; poll with ``wait_for_node_state``)."""
+        within about a second; poll with ``wait_for_node_state``). A cloud node's slurmd
+        starts with ``-b``: it reports a boot now, as a machine just made would, which
+        slurmctld needs of a node it resumed."""
         self._check_node(node)
         self._script("start-slurmd", node, timeout_s=60)
+
+    def stop_slurmd(self, node: str) -> None:
+        """Stop one node's slurmd cleanly (SIGTERM); returns once it is gone."""
+        self._check_node(node)
+        self._script("stop-slurmd", node, timeout_s=60)
 
     def set_hook(self, name: str, command: str | None) -> None:
         """Make the lab's ``healthcheck``/``prolog``/``epilog`` run ``command`` (a shell
@@ -439,8 +528,9 @@ class SlurmLab:
     # ---------------------------------------------------------------- internals
 
     def _check_node(self, node: str) -> None:
-        if node not in self.node_names:
-            raise ValueError(f"no node {node!r} in this lab; nodes: {', '.join(self.node_names)}")
+        known = self.node_names + self.cloud_node_names
+        if node not in known:
+            raise ValueError(f"no node {node!r} in this lab; nodes: {', '.join(known)}")
 
     def _states_or_error(self) -> str:
         try:
@@ -463,6 +553,8 @@ class SlurmLab:
             env["SLURM_LAB_FIRST_JOB_ID"] = str(self.first_job_id)
         if self.cgroup is not None:
             env["SLURM_LAB_CGROUP"] = self.cgroup
+        if self.cloud is not None:
+            env.update(self.cloud.env())
         for name, command in self.hooks.items():
             env[f"SLURM_LAB_{name.upper()}"] = command or ""
         return env
