@@ -7,9 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from acceptancehelpers import QUICK_SUITE, STEP_S, bringup
 
 from gpufleet.core.autoscaling import AutoscaleSource
+from gpufleet.core.errors import Conflict
 from gpufleet.server.db.tables import ClusterRow, NodeRow
 from gpufleet.server.services.autoscale import start_scale_down
 from gpufleet.server.workers.autoscaler import AutoscalerLoop
@@ -242,3 +244,38 @@ async def test_pending_gpu_work_brings_nodes_that_pass_acceptance_and_run_it(
 
 async def _in_state(fleet: SimFleet, name: str, state: str) -> bool:
     return (await _states(fleet)).get(name) == state
+
+
+async def test_a_node_in_an_acceptance_run_is_never_removed(
+    database_url: str, tmp_path: Path
+) -> None:
+    """An admin's acceptance run on an idle node in service (DCGM level 3: 15 minutes):
+    the other idle node goes, the one under test stays until its run is over."""
+    async with sim_fleet(database_url, tmp_path, size=3, step_s=10.0) as fleet:
+        tested = sorted(fleet.nodes)[0]
+        run = await fleet.app.client.post(
+            f"/api/v1/clusters/{fleet.cluster_id}/acceptance",
+            json={"nodes": [tested], "reason": "burn-in"},
+        )
+        assert run.status_code == 202, run.text
+        await _set(
+            fleet, mode="gpufleet", min_nodes=0, max_nodes=4, scale_down_after_s=30,
+            down_cooldown_s=0,
+        )  # fmt: skip
+        for _ in range(15):
+            await fleet.tick()
+        states = await _states(fleet)
+        assert states[tested] == "in_service", states
+        assert sorted(s for n, s in states.items() if n != tested) == ["removed", "removed"]
+        assert all(tested not in a["nodes"] for a in await _actions(fleet))
+        # A request to remove it (Cluster Autoscaler's, Slurm's) is refused, naming why.
+        async with fleet.app.ctx.db.transaction() as session:
+            cluster = await session.get(ClusterRow, fleet.cluster_id, with_for_update=True)
+            node = await session.get(NodeRow, fleet.node_id(tested))
+            assert cluster is not None and node is not None
+            with pytest.raises(Conflict, match="is in an acceptance run"):
+                await start_scale_down(
+                    session, cluster=cluster, nodes=[node], busy={node.id: False},
+                    source=AutoscaleSource.ADMIN, reasons=["test"], actor="test",
+                    now=fleet.clock.now(),
+                )  # fmt: skip

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
@@ -24,7 +23,7 @@ from gpufleet.schedulers.base import (
 )
 from gpufleet.schedulers.kubernetes.config import KubernetesConfig
 from gpufleet.schedulers.kubernetes.driver import KubernetesScheduler
-from gpufleet.testing.kube_api import NODES, PDBS, PODS, RunningKubeApi, kube_api, pod_object
+from gpufleet.testing.kube_api import NODES, PDBS, PODS, RunningKubeApi, pod_object
 
 REPAIR = repair_hold("0191d3a4-0000-7000-8000-000000000001", signature_id="xid-79", action="reboot")
 
@@ -52,21 +51,6 @@ def node(name: str, *, gpus: int = 8, ready: bool = True, **spec: Any) -> dict[s
 
 def pod(name: str, on: str | None, *, ns: str = "ml", **kw: Any) -> dict[str, Any]:
     return pod_object(name, on, namespace=ns, serviceAccountName="trainer", **kw)
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[RunningKubeApi]:
-    async with kube_api() as running:
-        yield running
-
-
-@pytest.fixture
-async def driver(api: RunningKubeApi) -> AsyncIterator[KubernetesScheduler]:
-    scheduler = KubernetesScheduler(KubernetesConfig(kubeconfig=api.kubeconfig(), timeout_s=5))
-    try:
-        yield scheduler
-    finally:
-        await scheduler.aclose()
 
 
 def seed_world(api: RunningKubeApi) -> None:

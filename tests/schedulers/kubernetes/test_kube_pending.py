@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from gpufleet.schedulers.kubernetes.parsing import (
     pending_work,
     waits_for_gpus,
 )
-from gpufleet.testing.kube_api import PODS, RunningKubeApi, kube_api, pod_object
+from gpufleet.testing.kube_api import PODS, RunningKubeApi, pod_object
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "kubernetes"
 KUEUE_GPU = "pod-gpu-unschedulable-terminating.kueue-2213.json"
@@ -157,21 +156,6 @@ def test_order_is_kept_and_the_total_matches() -> None:
 
 
 # ---------------------------------------------------------------------- driver
-
-
-@pytest.fixture
-async def api() -> AsyncIterator[RunningKubeApi]:
-    async with kube_api() as running:
-        yield running
-
-
-@pytest.fixture
-async def driver(api: RunningKubeApi) -> AsyncIterator[KubernetesScheduler]:
-    scheduler = KubernetesScheduler(KubernetesConfig(kubeconfig=api.kubeconfig(), timeout_s=5))
-    try:
-        yield scheduler
-    finally:
-        await scheduler.aclose()
 
 
 def unschedulable(name: str, gpus: int, message: str, *, since: str) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def test_demo_slurm_manages_the_lab_nodes(tmp_path: Path) -> None:
         assert "Slurm lab up in" in proc.output()
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
         clusters = {c["name"]: c for c in api.get("/api/v1/clusters").json()["items"]}
-        assert set(clusters) == {"demo", "slurm"}
+        assert set(clusters) == {"demo", "inference", "slurm"}
         slurm = clusters["slurm"]
         assert (slurm["scheduler"], slurm["provider"], slurm["size"]) == ("slurm", "sim", 3)
 

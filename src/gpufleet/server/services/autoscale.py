@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gpufleet.core.acceptance import OPEN_STATUSES as OPEN_ACCEPTANCE_STATUSES
 from gpufleet.core.autoscale import AutoscalePolicy
 from gpufleet.core.autoscaling import (
     AutoscaleAction,
@@ -39,6 +40,7 @@ from gpufleet.core.models import Page
 from gpufleet.core.repair.models import OPEN_STATUSES as OPEN_REPAIR_STATUSES
 from gpufleet.core.transitions import AUTOSCALE_ACTION
 from gpufleet.server.db.tables import (
+    AcceptanceRunRow,
     AutoscaleActionRow,
     AutoscalePolicyRow,
     ClusterRow,
@@ -214,6 +216,18 @@ def switch_autoscale_status(
     return changed
 
 
+async def nodes_in_acceptance(session: AsyncSession, cluster_id: str) -> set[str]:
+    """Ids of the cluster's nodes in an acceptance run not yet over (an admin's run on
+    nodes in service too, not only new or repaired nodes in state acceptance)."""
+    runs = await session.scalars(
+        select(AcceptanceRunRow.node_ids).where(
+            AcceptanceRunRow.cluster_id == cluster_id,
+            AcceptanceRunRow.status.in_([s.value for s in OPEN_ACCEPTANCE_STATUSES]),
+        )
+    )
+    return {str(node_id) for ids in runs for node_id in ids or ()}
+
+
 async def open_actions(session: AsyncSession, cluster_id: str) -> list[AutoscaleActionRow]:
     return list(
         await session.scalars(
@@ -363,6 +377,8 @@ async def removal_refusal(session: AsyncSession, node: NodeRow, *, busy: bool | 
     )
     if open_repair is not None:
         return f"node {node.name} has an open repair ({open_repair})"
+    if node.id in await nodes_in_acceptance(session, node.cluster_id):
+        return f"node {node.name} is in an acceptance run"
     if busy is None:
         return f"node {node.name}: its jobs could not be read; never removed blind"
     if busy:

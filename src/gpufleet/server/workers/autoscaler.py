@@ -51,6 +51,7 @@ from gpufleet.server.db.tables import (
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.autoscale import (
     SCALABLE,
+    nodes_in_acceptance,
     open_actions,
     policy_of,
     settings_of,
@@ -226,8 +227,9 @@ class AutoscalerLoop(LoopService):
                     )
                 )
             )
+            accepting = await nodes_in_acceptance(session, cluster_id)
             now = self.clock.now()
-            views = [_view(n, observation, repairing) for n in nodes]
+            views = [_view(n, observation, repairing, accepting) for n in nodes]
             decision = decide(
                 policy_of(settings),
                 ScaleState(
@@ -381,8 +383,20 @@ class AutoscalerLoop(LoopService):
     ) -> None:
         """A node no job can run on — one that never came up (Slurm powers down one whose
         resume timed out), or one Slurm powered down itself: it goes at once."""
+        await self._to_removing(cluster, action_id, node, from_state=NodeState(node.state), why=why)
+
+    async def _to_removing(
+        self,
+        cluster: ClusterRow,
+        action_id: str,
+        node: NodeRow,
+        *,
+        from_state: NodeState,
+        why: str,
+    ) -> None:
+        """The node, still in ``from_state``, goes to removing; its machine is next."""
         async with guarded_apply(
-            self.db, row_type=NodeRow, row_id=node.id, guard=_NodeState(NodeState(node.state)),
+            self.db, row_type=NodeRow, row_id=node.id, guard=_NodeState(from_state),
             clock=self.clock,
         ) as applied:  # fmt: skip
             if applied is None:
@@ -424,19 +438,9 @@ class AutoscalerLoop(LoopService):
                     f"node {node.name} took job {ids} before it could go; it stays",
                 )  # fmt: skip
             return
-        async with guarded_apply(
-            self.db, row_type=NodeRow, row_id=node.id, guard=_NodeState(NodeState.CORDONED),
-            clock=self.clock,
-        ) as applied:  # fmt: skip
-            if applied is None:
-                return
-            switch_node_state(
-                applied.session, node=applied.row, project_id=cluster.project_id,
-                target=NodeState.REMOVING, actor=ACTOR,
-                reason=f"autoscale {action_id[-8:]}: idle, no job; its machine goes back",
-                now=applied.now,
-            )  # fmt: skip
-            await self._progress(applied.session, cluster, action_id, node, "removing", None)
+        await self._to_removing(
+            cluster, action_id, node, from_state=NodeState.CORDONED, why="idle, no job"
+        )
 
     async def _give_back(self, cluster: ClusterRow, action_id: str, node: NodeRow) -> None:
         if node.provider_instance_id is not None:
@@ -531,7 +535,9 @@ class AutoscalerLoop(LoopService):
             )  # fmt: skip
 
 
-def _view(node: NodeRow, observation: Observation, repairing: set[str]) -> NodeView:
+def _view(
+    node: NodeRow, observation: Observation, repairing: set[str], accepting: set[str]
+) -> NodeView:
     state = NodeState(node.state)
     if state in (NodeState.PROVISIONING, NodeState.ACCEPTANCE):
         phase = NodePhase.COMING
@@ -546,5 +552,5 @@ def _view(node: NodeRow, observation: Observation, repairing: set[str]) -> NodeV
         busy=True if busy is None else busy,  # unread: treated as busy, never removed
         idle_since=node.idle_since,
         repairing=node.id in repairing,
-        accepting=state is NodeState.ACCEPTANCE,
+        accepting=state is NodeState.ACCEPTANCE or node.id in accepting,
     )
