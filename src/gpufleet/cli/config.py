@@ -15,11 +15,11 @@ from pathlib import Path
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpufleet.cli.env import ENV_TOKEN as ENV_TOKEN
+from gpufleet.cli.env import ENV_URL as ENV_URL
 from gpufleet.cli.errors import CliError
 from gpufleet.client.api import ApiClient
 
-ENV_URL = "GPUFLEET_URL"
-ENV_TOKEN = "GPUFLEET_TOKEN"  # noqa: S105 - the name of a variable, not a secret
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 

@@ -1,49 +1,140 @@
-"""The ``gpufleet`` command: server, demo and the API commands."""
+"""The ``gpufleet`` command: server, demo and the API commands.
+
+Commands load lazily: ``gpufleet --help`` imports typer and nothing of the client (its
+HTTP stack and models take most of a second), and ``gpufleet nodes list`` imports only
+what ``nodes`` needs. ``COMMANDS`` names each command's module, object and one-line help
+(the help is what the module's own says; tests/cli/test_cli_start.py keeps the two the
+same), in the order ``--help`` lists them.
+"""
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
-from gpufleet.cli import (
-    acceptance,
-    agent,
-    audit,
-    auth,
-    checks,
-    clusters,
-    credentials,
-    events,
-    findings,
-    hosts,
-    inject,
-    nodes,
-    projects,
-    providers,
-    repairs,
-    scan,
-    server,
-    slurm_node,
-    slurm_power,
-    tokens,
-    usage,
-    users,
-    volumes,
-)
-from gpufleet.cli.config import ENV_TOKEN, ENV_URL, GlobalOptions
-from gpufleet.cli.errors import CliError, describe
-from gpufleet.cli.output import stderr
-from gpufleet.client.errors import ApiError, ServerUnreachable
+from gpufleet.cli.env import ENV_TOKEN, ENV_URL
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    module: str  # under gpufleet.cli
+    attr: str  # a typer.Typer (a group of commands) or a function (one command)
+    help: str
+
+
+COMMANDS: dict[str, Entry] = {
+    "login": Entry(
+        "auth", "login",
+        "Verify the token by asking the server who it belongs to, then save it (mode 0600).",
+    ),
+    "events": Entry(
+        "events", "list_events",
+        "Show events (newest first): status and health changes, findings, provider errors.",
+    ),
+    "findings": Entry(
+        "findings", "list_findings",
+        "List findings (newest first): signature, severity, GPU, evidence.",
+    ),
+    "inject": Entry(
+        "inject", "inject",
+        "Inject a fault into a sim node (or, with --log, into a real node's followed log).",
+    ),
+    "scan": Entry(
+        "scan", "scan",
+        "Find failure signatures (Xid, SXid, fallen off the bus, ...) in a saved kernel log.",
+    ),
+    # Running the server needs the [server] extra; see cli/server.py.
+    "server": Entry("server", "server", "Run the gpufleet server."),
+    "demo": Entry("server", "demo", "Run a server with a simulated fleet, ready to click through."),
+    "rotate-secret-key": Entry(
+        "server", "rotate_secret_key",
+        "Re-encrypt every stored credential under the current secret key, in one transaction.",
+    ),
+    "agent": Entry(
+        "agent", "agent", "Run the gpufleet node agent (collectors, detectors, spool, /metrics)."
+    ),
+    "projects": Entry("projects", "app", "Projects: who owns which clusters."),
+    "tokens": Entry("tokens", "app", "Personal API tokens."),
+    "users": Entry("users", "app", "Users (the platform owner)."),
+    "volumes": Entry("volumes", "app", "Storage volumes of a project."),
+    "audit": Entry("audit", "app", "The audit log: who did what, when, from where."),
+    "clusters": Entry("clusters", "app", "GPU clusters."),
+    "hosts": Entry("hosts", "app", "The host inventory: machines, BMCs, racks, spares."),
+    "credentials": Entry(
+        "credentials", "app", "Credentials for BMCs, SSH and clouds (write-only)."
+    ),
+    "providers": Entry("providers", "app", "The drivers that reach a cluster's machines."),
+    "nodes": Entry("nodes", "app", "Nodes and their GPUs."),
+    "repairs": Entry("repairs", "app", "The repair queue: recommendations, approvals, progress."),
+    "usage": Entry("usage", "app", "GPU-hours by project, user, account and day."),
+    "slurm": Entry(
+        "slurm_commands", "app",
+        "Slurm's programs: node hooks (slurmd, on each node) and power saving (slurmctld).",
+    ),
+    "checks": Entry(
+        "checks", "app", "Active checks: DCGM diag, nccl-tests, ib_write_bw, gpu-burn."
+    ),
+    "acceptance": Entry(
+        "acceptance", "app",
+        "Acceptance tests: the suite a cluster passes before it is ready, and its reports.",
+    ),
+}  # fmt: skip
+
+
+def load_command(name: str) -> Any:
+    """The real command ``name``: its module imported, made a click command by typer."""
+    entry = COMMANDS[name]
+    target = getattr(importlib.import_module(f"gpufleet.cli.{entry.module}"), entry.attr)
+    if isinstance(target, typer.Typer):
+        group = typer.main.get_group(target)
+        group.name = name
+        return group
+    single = typer.Typer()
+    single.command(name)(target)
+    command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class _Placeholder(TyperCommand):
+    """What ``--help`` lists for a command not loaded: its name and one line."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        super().__init__(name, help=help_text, short_help=help_text)
 
 
 class _Group(TyperGroup):
-    """Root group: every command runs inside it, so failures are mapped in one place."""
+    """Root group: loads a command only when it runs, and maps every command's failures
+    to a message and an exit code in one place."""
 
     # ``ctx`` is typer's vendored click Context, which typer does not export by name.
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in COMMANDS if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        found = super().get_command(ctx, cmd_name)
+        if found is not None or cmd_name not in COMMANDS:
+            return found
+        return _Placeholder(cmd_name, COMMANDS[cmd_name].help)
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if isinstance(command, _Placeholder) and name is not None:
+            command = load_command(name)
+            self.commands[name] = command
+        return name, command, rest
+
     def invoke(self, ctx: Any) -> Any:
+        from rich.text import Text
+
+        from gpufleet.cli.errors import CliError, describe
+        from gpufleet.cli.output import stderr
+        from gpufleet.client.errors import ApiError, ServerUnreachable
+
         try:
             return super().invoke(ctx)
         except (ApiError, ServerUnreachable, CliError) as exc:
@@ -57,6 +148,9 @@ app = typer.Typer(
     name="gpufleet",
     help="gpufleet: a control plane for GPU clusters.",
     no_args_is_help=True,
+    # Plain help at the top: rich's help formatting (with markdown) costs more imports
+    # than everything else ``gpufleet --help`` needs. Each command's own help is rich.
+    rich_markup_mode=None,
     # Never print local variables on a crash: they include API tokens.
     pretty_exceptions_show_locals=False,
 )
@@ -74,40 +168,9 @@ def _global(
         typer.Option("--token", envvar=ENV_TOKEN, help="API token; overrides the saved login."),
     ] = None,
 ) -> None:
+    from gpufleet.cli.config import GlobalOptions
+
     ctx.obj = GlobalOptions(url=url, token=token)
-
-
-app.command("login")(auth.login)
-app.add_typer(projects.app, name="projects")
-app.add_typer(tokens.app, name="tokens")
-app.add_typer(users.app, name="users")
-app.add_typer(volumes.app, name="volumes")
-app.add_typer(audit.app, name="audit")
-app.add_typer(clusters.app, name="clusters")
-app.add_typer(hosts.app, name="hosts")
-app.add_typer(credentials.app, name="credentials")
-app.add_typer(providers.app, name="providers")
-app.add_typer(nodes.app, name="nodes")
-app.add_typer(repairs.app, name="repairs")
-app.add_typer(usage.app, name="usage")
-app.add_typer(
-    slurm_node.app,
-    name="slurm",
-    help="Slurm's programs: node hooks (slurmd, on each node) and power saving (slurmctld).",
-)
-slurm_node.app.command("resume")(slurm_power.resume)
-slurm_node.app.command("suspend")(slurm_power.suspend)
-app.add_typer(checks.app, name="checks")
-app.add_typer(acceptance.app, name="acceptance")
-app.command("events")(events.list_events)
-app.command("findings")(findings.list_findings)
-app.command("inject")(inject.inject)
-app.command("scan")(scan.scan)
-# Running the server needs the [server] extra; see cli/server.py.
-app.command("server")(server.server)
-app.command("demo")(server.demo)
-app.command("rotate-secret-key")(server.rotate_secret_key)
-app.command("agent")(agent.agent)
 
 
 def run() -> None:

@@ -61,7 +61,7 @@ async def test_pending_work_lists_the_jobs_that_wait_for_gpus(lab: SlurmLab) -> 
     for job_id in blockers:
         wait_for(lab, job_id, "%T", "RUNNING")
     two_nodes = sbatch(lab, "--uid=nobody", "-N", "2", "--gres=gpu:8", "--wrap=true")
-    per_job = sbatch(lab, "--gpus=3", "--wrap=true")
+    per_job = sbatch(lab, "-N", "1", "--gpus=3", "--wrap=true")  # one node with 3 free: none
     array = sbatch(lab, "--array=0-5%2", "--gres=gpu:4", "--wrap=true")
     # Jobs more nodes would not start:
     sbatch(lab, "-H", "--gres=gpu:1", "--wrap=true")  # held

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -349,8 +350,18 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
         assert srun.returncode == 0, err
         assert out.strip()  # hostname, run on the node gpufleet resumed
         ran_s = time.monotonic() - t1
-        [action] = api.get(f"/api/v1/clusters/{cluster_id}/autoscale/actions").json()["items"]
-        assert action["status"] == "succeeded"
+
+        def actions() -> list[dict[str, Any]]:
+            got: list[dict[str, Any]] = api.get(
+                f"/api/v1/clusters/{cluster_id}/autoscale/actions"
+            ).json()["items"]
+            return got
+
+        # The autoscaler's next pass sees the node in service: the step up succeeded.
+        lab.wait_until(
+            lambda: [a["status"] for a in actions()] == ["succeeded"], timeout_s=20,
+            what="the step up succeeded",
+        )  # fmt: skip
 
         # Idle past SuspendTime: slurmctld runs the suspend program, gpufleet gives the
         # machine back; the test plays the machine going away (its slurmd stops).
@@ -367,14 +378,10 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
             lambda: gpufleet_node("removed"), timeout_s=30, what=f"gpufleet removing {node}"
         )
         lab.stop_slurmd(node)
-        down, _up = api.get(f"/api/v1/clusters/{cluster_id}/autoscale/actions").json()["items"]
+        down, _up = actions()
         assert (down["kind"], down["source"], down["nodes"]) == ("scale_down", "slurm", [node])
         lab.wait_until(
-            lambda: down["id"] in {
-                a["id"] for a in api.get(
-                    f"/api/v1/clusters/{cluster_id}/autoscale/actions"
-                ).json()["items"] if a["status"] == "succeeded"
-            },
+            lambda: [a["status"] for a in actions()] == ["succeeded", "succeeded"],
             timeout_s=20, what="the step down succeeded",
         )  # fmt: skip
         assert "drain" not in lab.node_states()[node]  # no hold of gpufleet's left behind
