@@ -14,41 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from fastapi import FastAPI
 from sqlalchemy import func, select
-from typer.testing import CliRunner
 
 from gpufleet.cli import config
-from gpufleet.cli.main import app as cli_app
-from gpufleet.client.api import ApiClient
 from gpufleet.server.db.tables import ClusterRow, CredentialRow
 from gpufleet.testing.app import RunningApp, make_settings, running_app
+from gpufleet.testing.cli_app import InProcessCli
 from gpufleet.testing.kube_api import RunningKubeApi, kube_api
 from gpufleet.testing.processes import free_port
 
 KEY = base64.urlsafe_b64encode(bytes(range(7, 39))).decode()
 TOKEN = "kube-cli-canary-81c2-TOKEN-do-not-leak"
-
-
-class AppBridge(httpx.BaseTransport):
-    """A synchronous transport that hands each request to the app, on ``loop``."""
-
-    def __init__(self, app: FastAPI, loop: asyncio.AbstractEventLoop) -> None:
-        self._app, self._loop = app, loop
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self._app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                forwarded = httpx.Request(
-                    request.method, request.url, headers=request.headers, content=request.read()
-                )
-                return await client.send(forwarded)
-
-        answer = asyncio.run_coroutine_threadsafe(send(), self._loop).result(timeout=60)
-        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
 
 
 @dataclass
@@ -79,25 +56,13 @@ async def lab(
     settings = make_settings(data_dir=tmp_path / "data", database_url=database_url, secret_key=KEY)
     async with kube_api() as api, running_app(settings) as app:
         assert (await app.client.post("/api/v1/projects", json={"name": "ml"})).is_success
-        loop = asyncio.get_running_loop()
-        monkeypatch.setattr(
-            config,
-            "make_client",
-            lambda creds: ApiClient(
-                base_url=creds.url, token=creds.token, transport=AppBridge(app.app, loop)
-            ),
-        )
-        env = {"GPUFLEET_URL": "http://test", "GPUFLEET_TOKEN": app.owner_token}
-
-        def invoke(*args: str) -> Any:
-            result = CliRunner().invoke(cli_app, list(args), env=env)
-            print(f"$ gpufleet {' '.join(args)}  (exit {result.exit_code})")
-            print(result.stdout + result.stderr)
-            assert TOKEN not in result.stdout + result.stderr
-            return result
+        cli = InProcessCli(app, asyncio.get_running_loop())
+        monkeypatch.setattr(config, "make_client", cli.make_client)
 
         async def run(*args: str) -> Any:
-            return await asyncio.to_thread(invoke, *args)
+            result = await cli.run(*args)
+            assert TOKEN not in result.stdout + result.stderr
+            return result
 
         yield Lab(app=app, api=api, tmp=tmp_path, run=run)
 

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import grpc
 from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute
 
@@ -22,8 +21,6 @@ from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
 from gpufleet.server.drivers import DriverRegistry, bare_metal_providers, slurm_scheduler
 from gpufleet.server.errors import ERROR_RESPONSES, install_error_handlers
-from gpufleet.server.externalgrpc.groups import ClusterNodeGroups
-from gpufleet.server.externalgrpc.service import TlsFiles, add_port, create_server, stop_server
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
@@ -158,6 +155,8 @@ def create_app(
         finally:
             ctx.ready = False
             if grpc_server is not None:
+                from gpufleet.server.externalgrpc.service import stop_server
+
                 with contextlib.suppress(Exception):
                     await stop_server(grpc_server)
             stop.set()
@@ -256,11 +255,16 @@ def _hoist_body_defs(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-async def _start_externalgrpc(ctx: AppContext) -> grpc.aio.Server | None:
-    """Serve Cluster Autoscaler's externalgrpc CloudProvider when an address is set."""
+async def _start_externalgrpc(ctx: AppContext) -> Any:
+    """Serve Cluster Autoscaler's externalgrpc CloudProvider when an address is set (the
+    grpc.aio server; None when not). grpc is imported only then: a server without it
+    starts without loading it."""
     settings = ctx.settings
     if settings.externalgrpc_address is None:
         return None
+    from gpufleet.server.externalgrpc.groups import ClusterNodeGroups
+    from gpufleet.server.externalgrpc.service import TlsFiles, add_port, create_server
+
     tls_files = (
         settings.externalgrpc_tls_key,
         settings.externalgrpc_tls_cert,

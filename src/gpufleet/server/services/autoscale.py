@@ -3,7 +3,7 @@ change of size as an ``AutoscaleAction`` (``core.autoscaling``), whoever asked f
 gpufleet's policy (``workers/autoscaler.py``), Kubernetes' Cluster Autoscaler (the
 externalgrpc service) or Slurm's power saving (``gpufleet slurm resume``/``suspend``).
 
-- **Up**: the nodes' rows are made at once (named by ``allocate_names``, or as Slurm
+- **Up**: the nodes' rows are made at once (named by ``free_slots``, or as Slurm
   names them), the cluster's size grows, and the provisioning and acceptance loops bring
   them in; the action ends when all are in service (or one failed).
 - **Down**: only nodes that may go (``removal_refusal``: in service, no open repair, not
@@ -49,7 +49,12 @@ from gpufleet.server.db.tables import (
 )
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller
-from gpufleet.server.services.clusters import get_cluster_row_or_error, new_node_rows, node_name
+from gpufleet.server.services.clusters import (
+    get_cluster_row_or_error,
+    new_node_row,
+    new_node_rows,
+    node_name,
+)
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.transitions import Subject, transition
@@ -255,7 +260,7 @@ async def live_node_count(session: AsyncSession, cluster_id: str) -> int:
     )
 
 
-async def allocate_names(session: AsyncSession, cluster: ClusterRow, count: int) -> list[int]:
+async def free_slots(session: AsyncSession, cluster: ClusterRow, count: int) -> list[int]:
     """``count`` slots whose names no node of the cluster ever had (a removed node keeps
     its row, and its name with it), lowest first."""
     used = set(await session.scalars(select(NodeRow.name).where(NodeRow.cluster_id == cluster.id)))
@@ -303,36 +308,21 @@ async def start_scale_up(
             f"of {cluster.autoscale_max}"
         )
     if names is None and not revive:
-        rows = new_node_rows(cluster, slots=await allocate_names(session, cluster, count), now=now)
+        rows = new_node_rows(cluster, slots=await free_slots(session, cluster, count), now=now)
     else:
-        rows = [_named_row(cluster, name, now) for name in names or ()]
+        # Slurm's names: the node is called in the scheduler what Slurm calls it.
+        rows = [new_node_row(cluster, name=name, now=now) for name in names or ()]
+        for row in rows:
+            row.scheduler_name = row.name
     session.add_all(rows)
     for node in revive:
         _revive(session, cluster=cluster, node=node, actor=actor, now=now)
     rows = [*revive, *rows]
-    cluster.size = live + count
-    cluster.updated_at = now
-    action = AutoscaleActionRow(
-        id=new_id(),
-        cluster_id=cluster.id,
-        kind=AutoscaleKind.SCALE_UP.value,
-        status=AutoscaleStatus.ACTING.value,
-        source=source.value,
-        count=count,
-        node_ids=[r.id for r in rows],
-        node_names=[r.name for r in rows],
-        progress={},
-        reasons=list(reasons),
-        detail=f"{count} node(s) provisioning",
-        actor=actor,
-        created_at=now,
-        updated_at=now,
-    )
-    session.add(action)
-    policy = await policy_row(session, cluster)
-    policy.last_up_at = now
-    _record_start(session, cluster=cluster, action=action, now=now)
-    return action
+    return await _start_action(
+        session, cluster=cluster, kind=AutoscaleKind.SCALE_UP, size=live + count, nodes=rows,
+        progress={}, detail=f"{count} node(s) provisioning", source=source, reasons=reasons,
+        actor=actor, now=now,
+    )  # fmt: skip
 
 
 def _revive(
@@ -357,16 +347,12 @@ def _revive(
     node.updated_at = now
 
 
-def _named_row(cluster: ClusterRow, name: str, now: dt.datetime) -> NodeRow:
-    (row,) = new_node_rows(cluster, slots=[0], now=now)
-    row.name = name
-    row.scheduler_name = name
-    return row
-
-
-async def removal_refusal(session: AsyncSession, node: NodeRow, *, busy: bool | None) -> str | None:
+async def removal_refusal(
+    session: AsyncSession, node: NodeRow, *, busy: bool | None, accepting: set[str]
+) -> str | None:
     """Why ``node`` may not be taken away now, or None. ``busy``: a job runs there per the
-    scheduler's latest reading (None: it could not be read — then no)."""
+    scheduler's latest reading (None: it could not be read — then no); ``accepting``: the
+    cluster's nodes in an acceptance run (``nodes_in_acceptance``)."""
     if NodeState(node.state) is not NodeState.IN_SERVICE:
         return f"node {node.name} is {node.state}, not in service"
     open_repair = await session.scalar(
@@ -377,7 +363,7 @@ async def removal_refusal(session: AsyncSession, node: NodeRow, *, busy: bool | 
     )
     if open_repair is not None:
         return f"node {node.name} has an open repair ({open_repair})"
-    if node.id in await nodes_in_acceptance(session, node.cluster_id):
+    if node.id in accepting:
         return f"node {node.name} is in an acceptance run"
     if busy is None:
         return f"node {node.name}: its jobs could not be read; never removed blind"
@@ -406,11 +392,15 @@ async def start_scale_down(
     _check_scalable(cluster)
     if not nodes:
         raise InvalidInput("no node to remove", field="nodes")
+    accepting = await nodes_in_acceptance(session, cluster.id)
     refusals = [
         why
         for node in nodes
         if NodeState(node.state) not in NEVER_CAME
-        and (why := await removal_refusal(session, node, busy=busy.get(node.id))) is not None
+        and (
+            why := await removal_refusal(session, node, busy=busy.get(node.id), accepting=accepting)
+        )
+        is not None
     ]
     taken = {
         str(i)
@@ -431,27 +421,54 @@ async def start_scale_down(
             f"cluster {cluster.name} has {live} node(s); removing {len(nodes)} would pass "
             f"its minimum of {cluster.autoscale_min}"
         )
-    cluster.size = max(0, live - len(nodes))
+    return await _start_action(
+        session, cluster=cluster, kind=AutoscaleKind.SCALE_DOWN, size=max(0, live - len(nodes)),
+        nodes=nodes, progress={n.id: "chosen" for n in nodes},
+        detail=f"{len(nodes)} node(s) to hold, check and give back", source=source,
+        reasons=reasons, actor=actor, now=now,
+    )  # fmt: skip
+
+
+async def _start_action(
+    session: AsyncSession,
+    *,
+    cluster: ClusterRow,
+    kind: AutoscaleKind,
+    size: int,
+    nodes: Sequence[NodeRow],
+    progress: dict[str, str],
+    detail: str,
+    source: AutoscaleSource,
+    reasons: Sequence[str],
+    actor: str,
+    now: dt.datetime,
+) -> AutoscaleActionRow:
+    """The cluster's new size and the action that gets it there, acting, with its event
+    and audit row; the policy remembers when it last stepped that way."""
+    cluster.size = size
     cluster.updated_at = now
     action = AutoscaleActionRow(
         id=new_id(),
         cluster_id=cluster.id,
-        kind=AutoscaleKind.SCALE_DOWN.value,
+        kind=kind.value,
         status=AutoscaleStatus.ACTING.value,
         source=source.value,
         count=len(nodes),
         node_ids=[n.id for n in nodes],
         node_names=[n.name for n in nodes],
-        progress={n.id: "chosen" for n in nodes},
+        progress=progress,
         reasons=list(reasons),
-        detail=f"{len(nodes)} node(s) to hold, check and give back",
+        detail=detail,
         actor=actor,
         created_at=now,
         updated_at=now,
     )
     session.add(action)
     policy = await policy_row(session, cluster)
-    policy.last_down_at = now
+    if kind is AutoscaleKind.SCALE_UP:
+        policy.last_up_at = now
+    else:
+        policy.last_down_at = now
     _record_start(session, cluster=cluster, action=action, now=now)
     return action
 

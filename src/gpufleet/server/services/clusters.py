@@ -466,21 +466,23 @@ def _audit_spec(spec: dict[str, object]) -> dict[str, object]:
 def new_node_rows(
     cluster: ClusterRow, *, slots: range | list[int], now: dt.datetime
 ) -> list[NodeRow]:
-    return [
-        NodeRow(
-            id=new_id(),
-            cluster_id=cluster.id,
-            name=node_name(cluster, slot),
-            state=NodeState.PROVISIONING.value,
-            health=Health.UNKNOWN.value,
-            expected_gpus=cluster.gpus_per_node,
-            last_report_seq=0,
-            provision_attempts=0,
-            created_at=now,
-            updated_at=now,
-        )
-        for slot in slots
-    ]
+    return [new_node_row(cluster, name=node_name(cluster, slot), now=now) for slot in slots]
+
+
+def new_node_row(cluster: ClusterRow, *, name: str, now: dt.datetime) -> NodeRow:
+    """A node of ``cluster`` called ``name``, to be provisioned."""
+    return NodeRow(
+        id=new_id(),
+        cluster_id=cluster.id,
+        name=name,
+        state=NodeState.PROVISIONING.value,
+        health=Health.UNKNOWN.value,
+        expected_gpus=cluster.gpus_per_node,
+        last_report_seq=0,
+        provision_attempts=0,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 async def _live_cluster_named(session: AsyncSession, *, project_id: str, name: str) -> bool:

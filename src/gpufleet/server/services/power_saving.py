@@ -23,6 +23,7 @@ from gpufleet.core.errors import Conflict
 from gpufleet.server.db.tables import AutoscaleActionRow, ClusterRow, NodeRow
 from gpufleet.server.services.autoscale import (
     NEVER_CAME,
+    nodes_in_acceptance,
     removal_refusal,
     start_scale_down,
     start_scale_up,
@@ -89,10 +90,11 @@ async def power_suspend(
     )
     if not rows:
         return None
+    accepting = await nodes_in_acceptance(session, cluster.id)
     going: list[NodeRow] = []
     refused: list[str] = []
     for row in rows:
-        why = await removal_refusal(session, row, busy=False)
+        why = await removal_refusal(session, row, busy=False, accepting=accepting)
         if why is None or NodeState(row.state) in NEVER_CAME:
             going.append(row)
         else:

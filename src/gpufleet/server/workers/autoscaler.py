@@ -156,10 +156,8 @@ class AutoscalerLoop(LoopService):
         observation = await self._observe(cluster, nodes)
         if observation is None:
             return
-        await self._record_idle(cluster, observation)
-        if policy.mode != AutoscaleMode.GPUFLEET.value or still_open:
-            return
-        await self._decide(cluster_id, observation)
+        decides = policy.mode == AutoscaleMode.GPUFLEET.value and not still_open
+        await self._apply(cluster_id, observation, decides=decides)
 
     # -- observe --------------------------------------------------------------------------
 
@@ -180,44 +178,43 @@ class AutoscalerLoop(LoopService):
                 busy[node.id] = bool(seen.job_ids) or seen.state in _BUSY_STATES
         return Observation(busy=busy, pending=pending)
 
-    async def _record_idle(self, cluster: ClusterRow, observation: Observation) -> None:
-        """Each node in service: idle since when the scheduler first saw it without a job
-        (kept while it stays idle); busy, or out of service: no idle time."""
+    # -- apply: idle times, then the decision -----------------------------------------
+
+    async def _apply(self, cluster_id: str, observation: Observation, *, decides: bool) -> None:
+        """One transaction: each node's idle time from the reading (in service and no job:
+        idle since the first reading that saw it so, kept while it stays idle; busy, or out
+        of service: none), then, with ``decides``, the policy's decision and its action."""
         async with self.db.transaction() as session:
+            cluster = await session.get(
+                ClusterRow, cluster_id, with_for_update=True, populate_existing=True
+            )
+            policy = await session.get(AutoscalePolicyRow, cluster_id, populate_existing=True)
+            if cluster is None or policy is None:
+                return
             now = self.clock.now()
-            for node in await session.scalars(
-                select(NodeRow).where(
-                    NodeRow.cluster_id == cluster.id, NodeRow.state != NodeState.REMOVED.value
+            live = list(
+                await session.scalars(
+                    select(NodeRow).where(
+                        NodeRow.cluster_id == cluster_id, NodeRow.state != NodeState.REMOVED.value
+                    )
                 )
-            ):
+            )
+            for node in live:
                 busy = observation.busy.get(node.id)
                 if node.state != NodeState.IN_SERVICE.value or busy is None or busy:
                     if node.idle_since is not None:
                         node.idle_since = None
                 elif node.idle_since is None:
                     node.idle_since = now
-
-    # -- decide ---------------------------------------------------------------------------
-
-    async def _decide(self, cluster_id: str, observation: Observation) -> None:
-        async with self.db.transaction() as session:
-            cluster = await session.get(
-                ClusterRow, cluster_id, with_for_update=True, populate_existing=True
-            )
-            policy = await session.get(AutoscalePolicyRow, cluster_id, populate_existing=True)
-            if cluster is None or policy is None or policy.mode != AutoscaleMode.GPUFLEET.value:
-                return
             settings = settings_of(cluster, policy)
-            if settings.min_nodes is None or settings.max_nodes is None:
+            if (
+                not decides
+                or policy.mode != AutoscaleMode.GPUFLEET.value
+                or settings.min_nodes is None
+                or settings.max_nodes is None
+            ):
                 return
-            nodes = list(
-                await session.scalars(
-                    select(NodeRow).where(
-                        NodeRow.cluster_id == cluster_id,
-                        NodeRow.state.not_in([NodeState.REMOVED.value, NodeState.REMOVING.value]),
-                    )
-                )
-            )
+            nodes = [n for n in live if n.state != NodeState.REMOVING.value]
             repairing: set[str] = set(
                 await session.scalars(
                     select(RepairRow.node_id).where(
@@ -228,7 +225,6 @@ class AutoscalerLoop(LoopService):
                 )
             )
             accepting = await nodes_in_acceptance(session, cluster_id)
-            now = self.clock.now()
             views = [_view(n, observation, repairing, accepting) for n in nodes]
             decision = decide(
                 policy_of(settings),
