@@ -14,15 +14,17 @@ from sqlalchemy import select
 
 from gpufleet.core.enums import EventKind, NodeState
 from gpufleet.core.errors import DriverError
-from gpufleet.core.holds import manual_hold, parse_hold_reason, repair_hold
+from gpufleet.core.holds import acceptance_hold, manual_hold, parse_hold_reason, repair_hold
 from gpufleet.core.ids import new_id
 from gpufleet.providers.sim.driver import SimProvider
-from gpufleet.schedulers.base import SchedJob, SchedNode, Scheduler
+from gpufleet.schedulers.base import SchedJob, SchedNode, SchedNodeState, Scheduler
 from gpufleet.server.db.tables import AuditLogRow, ClusterRow, EventRow, NodeRow
 from gpufleet.server.services.node_holds import (
     Release,
+    allocated_before_boot,
     can_hold,
     foreign_hold_reason,
+    hold_for_acceptance,
     hold_in_scheduler,
     record_hold,
     record_release,
@@ -216,3 +218,47 @@ async def test_a_scheduler_that_cannot_drain_holds_nothing() -> None:
     reason = manual_hold(action="drain", actor="user:a", note="n")
     assert await hold_in_scheduler(scheduler, "n1", reason=reason) is False
     assert await release_in_scheduler(scheduler, "n1") == Release()
+
+
+class _PowerSaving(_NoDrain):
+    """Slurm's power saving as the lab showed it: ``cloud1`` resumed for a job (allocated,
+    no slurmd yet), ``cloud2`` powered down and idle, ``lab-001`` up. A drain is recorded;
+    on ``cloud1`` it would requeue the job, as slurmctld does."""
+
+    kind = "powersave"
+
+    def __init__(self, *, readable: bool = True) -> None:
+        self.readable = readable
+        self.drained: list[str] = []
+
+    async def list_nodes(self) -> list[SchedNode]:
+        if not self.readable:
+            raise DriverError("slurm: slurmctld not responding")
+        return [
+            SchedNode("cloud1", SchedNodeState.UNKNOWN, gpus=8, gpus_allocated=2,
+                      job_ids=("7001",), powered_down=True),
+            SchedNode("cloud2", SchedNodeState.IDLE, gpus=8, powered_down=True),
+            SchedNode("lab-001", SchedNodeState.IDLE, gpus=8),
+        ]  # fmt: skip
+
+    async def drain(self, node: str, *, reason: str) -> None:
+        self.drained.append(node)
+
+    async def resume(self, node: str) -> None:
+        return None
+
+
+async def test_acceptance_does_not_drain_a_node_resumed_for_a_job() -> None:
+    scheduler = _PowerSaving()
+    reason = acceptance_hold()
+    assert await allocated_before_boot(scheduler, "cloud1")
+    assert not await allocated_before_boot(scheduler, "cloud2")  # nothing waits there
+    assert not await allocated_before_boot(scheduler, "lab-001")
+    assert not await hold_for_acceptance(scheduler, "cloud1", reason=reason)
+    assert await hold_for_acceptance(scheduler, "cloud2", reason=reason)
+    assert await hold_for_acceptance(scheduler, "lab-001", reason=reason)
+    assert scheduler.drained == ["cloud2", "lab-001"]
+    # unreadable: drained as ever (and the drain says what is wrong, in a real driver)
+    blind = _PowerSaving(readable=False)
+    assert await hold_for_acceptance(blind, "cloud1", reason=reason)
+    assert blind.drained == ["cloud1"]

@@ -187,6 +187,10 @@ def build_agent(
         agent_version=AGENT_VERSION,
         boot_id=kernel_boot_id(),
     )
+    # The node's state in gpufleet is the server's word of this run, never one left from
+    # before a reboot (a boot gate would start slurmd on a stale in_service).
+    node_state_file = settings.state_dir / "node-state"
+    node_state_file.unlink(missing_ok=True)
     sender = Sender(
         client,
         spool,
@@ -195,6 +199,7 @@ def build_agent(
         retry_max_s=settings.retry_max_s,
         status=status,
         outbox=Outbox(settings.state_dir),
+        node_state_file=node_state_file,
     )
     return Agent(
         collectors=collectors,

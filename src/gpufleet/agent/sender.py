@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpufleet.agent.outbox import Outbox
 from gpufleet.agent.spool import Spool
@@ -82,8 +84,11 @@ class Sender:
         retry_max_s: float,
         status: SendStatus,
         outbox: Outbox | None = None,
+        node_state_file: Path | None = None,
     ) -> None:
         self._client = client
+        self._node_state_file = node_state_file
+        self._node_state: str | None = None
         self._spool = spool
         self._outbox = outbox
         self._identity = identity
@@ -170,8 +175,27 @@ class Sender:
         self._spool.metrics.ack(max(ack.last_seq, pending[-1].seq))
         if ack.report_interval_s > 0:
             self._status.report_interval_s = ack.report_interval_s
+        if ack.node_state is not None:
+            self._keep_node_state(ack.node_state)
         self._status.last_report_send = time.time()
         return self._spool.metrics.depth() > 0
+
+    def _keep_node_state(self, state: str) -> None:
+        """Write the node's state in gpufleet to ``node_state_file`` when it changed
+        (whole: a reader never sees half a word). A boot gate reads it: a cloud node's
+        ``slurmd`` starts once it says ``in_service``. Never fatal to reporting."""
+        if self._node_state_file is None or state == self._node_state:
+            return
+        try:
+            tmp = self._node_state_file.with_name(self._node_state_file.name + ".tmp")
+            tmp.write_text(state + "\n")
+            os.replace(tmp, self._node_state_file)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self._node_state_file, exc)
+            return
+        if self._node_state is not None:
+            log.info("node state in gpufleet: %s → %s", self._node_state, state)
+        self._node_state = state
 
     async def send_events_once(self) -> bool:
         """Send the oldest queued events; delete their files once acknowledged."""

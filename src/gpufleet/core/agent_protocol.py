@@ -101,6 +101,10 @@ class ReportAck(_Wire):
     # Commands wait for this node (GET /agent/commands): an agent that does not hold a
     # long poll open (the simulated ones) asks for them when it reads this.
     commands_waiting: bool = False
+    # The node's state in gpufleet (``NodeState``'s value: provisioning, acceptance,
+    # in_service, ...). The agent keeps it in ``<state_dir>/node-state`` for the machine's
+    # boot: a cloud node's slurmd waits there for in_service (acceptance passed).
+    node_state: Annotated[str, Field(max_length=32)] | None = None
 
 
 class FindingState(StrEnum):

@@ -37,6 +37,10 @@ class SchedNode:
     gpus: int = 0  # GPUs the scheduler knows on this node (GRES / allocatable)
     gpus_allocated: int = 0
     job_ids: tuple[str, ...] = ()
+    # The scheduler waits for this node's machine (Slurm's power saving: powered down or
+    # powering up): its daemon has not registered, so nothing runs there yet and a job
+    # the scheduler allocated to it starts the moment it does.
+    powered_down: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,9 @@ from gpufleet.testing.slurm_lab import (
 pytestmark = pytest.mark.slow
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "slurm" / "resume-file-22.05.json"
-RESUME_TIMEOUT_S = 10  # the test starts a node's slurmd within about a second
+# the test starts a node's slurmd within about a second, or after gpufleet's acceptance
+# of the node's machine (a quick suite: a few seconds in the sim)
+RESUME_TIMEOUT_S = 20
 SUSPEND_TIME_S = 4
 SUSPEND_TIMEOUT_S = 3
 
@@ -277,6 +279,9 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
     env = {
         **fast_sim_server_env(data_dir=tmp_path / "data", port=port, token_file=tmp_path / "tok"),
         "GPUFLEET_SLURM_CONF": str(lab.slurm_conf),
+        # the check tools at 1/500 of their real time: the acceptance suite of a resumed
+        # node (DCGM level 3 is 15 min on a real node) fits the lab's short ResumeTimeout
+        "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.002",
     }
     server = ServerProcess(args=["server"], env=env, log_path=tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
@@ -292,7 +297,7 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
         assert api.post("/api/v1/projects", json={"name": "ml"}).status_code == 201
         created = api.post("/api/v1/clusters", json={
             "project": "ml", "name": "hpc", "scheduler": "slurm", "provider": "sim", "size": 1,
-            "acceptance_tests": False,
+            "acceptance_tests": False,  # hpc-000, the cluster's first node, is no lab node
         })  # fmt: skip
         assert created.status_code == 201, created.text
         cluster_id = created.json()["id"]
@@ -306,6 +311,15 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
             json={"mode": "slurm", "min_nodes": 0, "max_nodes": 4},
         )
         assert mode.status_code == 200, mode.text
+        # From now on every new machine is accepted before it takes work, with a suite
+        # quick enough for ResumeTimeout (which must cover boot and acceptance).
+        accept = api.patch(f"/api/v1/clusters/{cluster_id}", json={
+            "acceptance_tests": True,
+            "acceptance_suite": {"checks": [
+                {"kind": "dcgm-diag", "params": {"level": 2}}, {"kind": "nccl"},
+            ]},
+        })  # fmt: skip
+        assert accept.status_code == 200, accept.text
         setup_s = time.monotonic() - t0
         gpufleet = Path(sys.executable).parent / "gpufleet"  # the venv's entry point
         wrapper.write_text(
@@ -339,12 +353,18 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
             listed = api.get("/api/v1/nodes", params={"cluster": cluster_id, "state": state})
             return node in {n["name"] for n in listed.json()["items"]}
 
-        # The test plays the machine's boot: once gpufleet's provider has the machine for
-        # the node running (the node in service), its slurmd starts and registers.
+        # The test plays the machine's boot: gpufleet accepts the machine through its
+        # agent (slurmd not started: the job waits, allocated to the node); once the node
+        # is in service, its slurmd starts and registers, and the job runs.
         lab.wait_until(
-            lambda: gpufleet_node("in_service"), timeout_s=30,
-            what=f"gpufleet's machine for {node} up",
+            lambda: gpufleet_node("in_service"), timeout_s=RESUME_TIMEOUT_S,
+            what=f"gpufleet's machine for {node} accepted",
         )  # fmt: skip
+        listed = api.get("/api/v1/nodes", params={"cluster": cluster_id}).json()["items"]
+        assert sorted(n["name"] for n in listed) == sorted(["hpc-000", node])  # no hpc-001
+        waiting = lab.run("squeue", "-h", "-j", job, "-o", "%T %N").stdout.split()
+        assert waiting == ["CONFIGURING", node], waiting  # not run before acceptance
+        assert lab.node_states()[node] in ("mix#", "alloc#")
         lab.start_slurmd(node)
         out, err = srun.communicate(timeout=30)
         assert srun.returncode == 0, err
@@ -392,13 +412,16 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
         ]
         story = [
             e["message"] for e in reversed(events)
-            if e["kind"].startswith("autoscale.")
+            if e["kind"].startswith(("autoscale.", "acceptance.finished", "check.status"))
             or (e["kind"] == "node.state" and node in e["message"])
         ]  # fmt: skip
         print("\n".join(story))
         expected = [
             f"adding 1 node(s) ({node}) for slurm: Slurm resumes {node}",
-            f"node {node}: provisioning → in_service",
+            f"node {node}: provisioning → acceptance",
+            f"started through agent (Slurm powers up {node}: checked before slurmd) on {node}",
+            "acceptance (provisioning) passed",
+            f"node {node}: acceptance → in_service",
             "→ succeeded",
             f"removing 1 node(s) ({node}) for slurm: Slurm powers down {node}",
             f"node {node}: in_service → removing",

@@ -504,6 +504,21 @@ def test_recorded_scontrol_nodes_match_sinfo_json() -> None:
     assert text == parse_nodes_json(fixture("sinfo-22.05.json"))
 
 
+def test_recorded_powering_up_cloud_node_is_powered_down_until_slurmd_registers() -> None:
+    """Power saving (22.05, the lab): Slurm resumed cloud1 for a job, allocated it, and
+    waits for its slurmd; cloud2 is powered down. Both dialects say so alike."""
+    text = parse_scontrol_nodes(fixture("scontrol-show-node-22.05-powering-up.txt"))
+    assert text == parse_nodes_json(fixture("sinfo-22.05-powering-up.json"))
+    nodes = {n.name: n.to_sched_node() for n in text}
+    cloud1, cloud2 = nodes["cloud1"], nodes["cloud2"]
+    assert (cloud1.powered_down, cloud1.gpus_allocated) == (True, 1)
+    assert cloud1.state is SchedNodeState.UNKNOWN  # NOT_RESPONDING: no slurmd yet
+    assert (cloud2.powered_down, cloud2.gpus_allocated, cloud2.state) == (
+        True, 0, SchedNodeState.IDLE,
+    )  # fmt: skip
+    assert not any(nodes[n].powered_down for n in ("lab-001", "lab-002", "lab-003"))
+
+
 def test_recorded_squeue_json() -> None:
     jobs = {j.job_id: j for j in parse_jobs_json(fixture("squeue-22.05.json"))}
     assert [j for j in jobs if jobs[j].active] == ["5005", "5006"]

@@ -154,6 +154,11 @@ class SlurmNodeInfo:
     def down(self) -> bool:
         return self.base_state in {"DOWN", "ERROR"}
 
+    @property
+    def powered_down(self) -> bool:
+        """Power saving: powered down or powering up, no slurmd registered since."""
+        return bool(self.flags & {"POWERED_DOWN", "POWERING_UP"})
+
     def to_sched_node(self, job_ids: Iterable[str] = ()) -> SchedNode:
         return SchedNode(
             name=self.name,
@@ -162,6 +167,7 @@ class SlurmNodeInfo:
             gpus=self.gpus,
             gpus_allocated=self.gpus_allocated,
             job_ids=tuple(job_ids),
+            powered_down=self.powered_down,
         )
 
 

@@ -183,6 +183,7 @@ async def apply_report_batches(
                 duplicates=duplicates,
                 last_seq=w.last_seq,
                 report_interval_s=report_interval_s,
+                node_state=w.node.state,
             )
         )
 

@@ -53,9 +53,9 @@ from gpufleet.server.services.clusters import (
     get_cluster_row_or_error,
     new_node_row,
     new_node_rows,
-    node_name,
 )
 from gpufleet.server.services.events import record_event
+from gpufleet.server.services.node_slots import free_slots
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.transitions import Subject, transition
 
@@ -258,19 +258,6 @@ async def live_node_count(session: AsyncSession, cluster_id: str) -> int:
         )
         or 0
     )
-
-
-async def free_slots(session: AsyncSession, cluster: ClusterRow, count: int) -> list[int]:
-    """``count`` slots whose names no node of the cluster ever had (a removed node keeps
-    its row, and its name with it), lowest first."""
-    used = set(await session.scalars(select(NodeRow.name).where(NodeRow.cluster_id == cluster.id)))
-    slots: list[int] = []
-    slot = 0
-    while len(slots) < count:
-        if node_name(cluster, slot) not in used:
-            slots.append(slot)
-        slot += 1
-    return slots
 
 
 def _check_scalable(cluster: ClusterRow) -> None:

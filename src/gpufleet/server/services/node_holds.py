@@ -71,6 +71,33 @@ async def hold_in_scheduler(scheduler: Scheduler, name: str, *, reason: HoldReas
     return True
 
 
+async def hold_for_acceptance(scheduler: Scheduler, name: str, *, reason: HoldReason) -> bool:
+    """Hold a node to be tested, unless its scheduler already allocated it a job and
+    waits for the machine (Slurm's power saving resumed it for that job): a drain then
+    would requeue the job ("DRAIN/FAIL request for node which is allocated and being
+    powered up. Requeuing jobs", seen in the lab). Such a node is held by its machine
+    instead: acceptance runs through the agent and slurmd starts once it passed
+    (``docs/slurm-power-saving.md``); a failed one gets the drain then, which hands its
+    job back to the queue at once. Returns whether the drain was made (as
+    ``hold_in_scheduler``); raises ``DriverError`` when it fails."""
+    if await allocated_before_boot(scheduler, name):
+        return False
+    return await hold_in_scheduler(scheduler, name, reason=reason)
+
+
+async def allocated_before_boot(scheduler: Scheduler, name: str) -> bool:
+    """The scheduler waits for node ``name``'s machine with work allocated to it. False
+    when it cannot be read (the drain that follows says what is wrong)."""
+    try:
+        nodes = await scheduler.list_nodes()
+    except DriverError:
+        return False
+    # Slurm says such a node is NOT_RESPONDING too (no slurmd yet): its jobs tell.
+    return any(
+        n.name == name and n.powered_down and (n.job_ids or n.gpus_allocated > 0) for n in nodes
+    )
+
+
 async def down_in_scheduler(scheduler: SupportsDown, name: str, *, reason: HoldReason) -> None:
     """Mark node ``name`` down now with one of gpufleet's reasons: its running jobs are
     killed (a repair an admin forced). Raises ``DriverError`` when the call fails."""

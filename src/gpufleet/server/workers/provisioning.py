@@ -34,10 +34,14 @@ from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.acceptance import settle_cluster_status
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
 from gpufleet.server.services.autoscale import provider_id_of
-from gpufleet.server.services.clusters import new_node_rows, node_name, switch_cluster_status
+from gpufleet.server.services.clusters import (
+    new_node_rows,
+    switch_cluster_status,
+)
 from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
 from gpufleet.server.services.events import record_event
-from gpufleet.server.services.node_holds import hold_in_scheduler, record_hold
+from gpufleet.server.services.node_holds import can_hold, hold_for_acceptance, record_hold
+from gpufleet.server.services.node_slots import free_slots
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.services.startup_scripts import (
@@ -51,6 +55,11 @@ log = logging.getLogger(__name__)
 
 ACTOR = "system:provisioning"
 MAX_ATTEMPTS = 3  # a slot that fails to boot this often is marked failed for a human
+# A node Slurm resumed for a job: no drain (it would requeue the job), see hold_for_acceptance.
+_BOOT_HOLD = (
+    "; not drained: the scheduler waits for this machine with a job allocated, which "
+    "starts once its slurmd does, after acceptance"
+)
 _ACTIVE = [
     ClusterStatus.PROVISIONING.value,
     ClusterStatus.READY.value,
@@ -184,20 +193,22 @@ class ProvisioningLoop(LoopService):
                 log.exception("provisioning: node step failed")
 
     async def _ensure_slots(self, cluster: ClusterRow, nodes: list[_NodeView]) -> None:
-        names = {n.name for n in nodes}
-        missing = [s for s in range(cluster.size) if node_name(cluster, s) not in names]
-        if not missing:
+        """As many nodes as the cluster's size: counted, not matched by slot name (Slurm
+        names a resumed node itself: ``cloud1`` fills a slot as ``hpc-001`` would). A
+        missing one gets a name no node of the cluster ever had."""
+        if len(nodes) >= cluster.size:
             return
         async with self.db.transaction() as session:
-            existing = set(
-                await session.scalars(select(NodeRow.name).where(NodeRow.cluster_id == cluster.id))
+            live = await session.scalar(
+                select(func.count()).where(
+                    NodeRow.cluster_id == cluster.id, NodeRow.state != NodeState.REMOVED.value
+                )
             )
-            rows = new_node_rows(
-                cluster,
-                slots=[s for s in missing if node_name(cluster, s) not in existing],
-                now=self.clock.now(),
-            )
-            session.add_all(rows)
+            missing = cluster.size - int(live or 0)
+            if missing <= 0:
+                return
+            slots = await free_slots(session, cluster, missing)
+            session.add_all(new_node_rows(cluster, slots=slots, now=self.clock.now()))
 
     async def _step_node(self, cluster: ClusterRow, node: _NodeView, provider: Provider) -> None:
         if node.instance_id is None:
@@ -298,7 +309,7 @@ class ProvisioningLoop(LoopService):
             return
         scheduler = scheduler_for(self.drivers, cluster)
         try:
-            await hold_in_scheduler(scheduler, node.name, reason=acceptance_hold())
+            await hold_for_acceptance(scheduler, node.name, reason=acceptance_hold())
         except DriverError as exc:
             log.debug("provisioning: node %s: early hold: %s", node.name, exc)
 
@@ -383,7 +394,7 @@ class ProvisioningLoop(LoopService):
         # Acceptance: no job may land on the node while it is tested.
         scheduler = scheduler_for(self.drivers, cluster)
         try:
-            await hold_in_scheduler(scheduler, name, reason=acceptance_hold())
+            drained = await hold_for_acceptance(scheduler, name, reason=acceptance_hold())
         except DriverError as exc:
             log.warning("provisioning: node %s: drain for acceptance: %s", node.name, exc)
             return  # next pass tries again
@@ -401,7 +412,8 @@ class ProvisioningLoop(LoopService):
                 actor=ACTOR,
                 reason=f"machine {instance.instance_id} is running"
                 + (" and its startup scripts ran" if cluster.startup_scripts else "")
-                + "; acceptance tests next",
+                + "; acceptance tests next"
+                + ("" if drained or not can_hold(scheduler) else _BOOT_HOLD),
                 now=applied.now,
             )
             row.state_detail = "waiting for acceptance checks"

@@ -5,7 +5,8 @@ by their verdicts, then the cluster's status (``settle_cluster_status``).
   (act), then the node moves (apply); a node someone else drained meanwhile is cordoned
   with whose drain keeps it out. A resume that failed leaves the run in ``gating`` for
   the next pass.
-- failed (pinned on the node) → cordoned, the drain kept.
+- failed (pinned on the node) → cordoned, drained (a node Slurm resumed for a job was
+  not drained before: its job goes back to the queue now).
 - skipped, or a failure pinned on nobody → left in acceptance, the reason in its detail,
   until an admin runs the suite again.
 """
@@ -18,16 +19,30 @@ from typing import Any
 from sqlalchemy import select
 
 from gpufleet.core.enums import AcceptanceStage, NodeState
+from gpufleet.core.errors import DriverError
+from gpufleet.core.holds import acceptance_hold
+from gpufleet.schedulers.base import Scheduler
 from gpufleet.server.db.tables import NodeRow
 from gpufleet.server.services.acceptance import ACTOR, settle_cluster_status
 from gpufleet.server.services.acceptance_status import switch_acceptance_stage
-from gpufleet.server.services.node_holds import Release, release_in_scheduler
+from gpufleet.server.services.node_holds import Release, hold_in_scheduler, release_in_scheduler
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.workers.acceptance.context import AcceptanceContext, Loaded, release_node
 from gpufleet.server.workers.acceptance.planning import FAILING, PASSING
 
 log = logging.getLogger(__name__)
+
+
+async def _hold_failed(scheduler: Scheduler, node: NodeRow) -> None:
+    """Make sure a node that failed is drained. It is already, unless Slurm resumed it
+    for a job (``hold_for_acceptance``): then this drain hands the job back to the queue
+    at once, rather than at ResumeTimeout. Best effort: the node is cordoned either way."""
+    try:
+        name = node.scheduler_name or node.name
+        await hold_in_scheduler(scheduler, name, reason=acceptance_hold())
+    except DriverError as exc:
+        log.warning("acceptance: drain of failed node %s: %s", node.name, exc.message)
 
 
 async def gate(ctx: AcceptanceContext, loaded: Loaded) -> None:
@@ -47,7 +62,11 @@ async def gate(ctx: AcceptanceContext, loaded: Loaded) -> None:
     scheduler = scheduler_for(ctx.drivers, loaded.cluster)
     released: dict[str, Release] = {}
     for node in nodes:
-        if (outcomes.get(node.id) or {}).get("outcome") not in PASSING:
+        verdict = outcomes.get(node.id) or {}
+        if verdict.get("outcome") == FAILING and not verdict.get("unpinned"):
+            await _hold_failed(scheduler, node)
+            continue
+        if verdict.get("outcome") not in PASSING:
             continue
         release = await release_in_scheduler(scheduler, node.scheduler_name or node.name)
         if not release.settled:

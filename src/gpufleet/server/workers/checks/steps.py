@@ -24,7 +24,7 @@ from gpufleet.checks.runners import CheckPlan, NcclScope
 from gpufleet.core.enums import CheckStatus, NodeState
 from gpufleet.core.errors import DriverError
 from gpufleet.server.db.tables import CheckRunRow, NodeRow
-from gpufleet.server.services.check_backends.base import StartRefused
+from gpufleet.server.services.check_backends.base import CheckBackend, StartRefused
 from gpufleet.server.services.check_findings import apply_check_findings
 from gpufleet.server.services.checks import CHECKABLE_STATES, switch_check_status
 from gpufleet.server.services.schedulers import scheduler_for
@@ -62,7 +62,7 @@ async def start(ctx: RunContext, loaded: Loaded) -> None:
             skipped=skipped,
         )
         return
-    backend = ctx.backend_for(loaded.cluster)
+    backend, why = await _backend_for(ctx, loaded, checked)
     stand = stand_in_of(loaded, ctx.settings)
     targets = [target_of(loaded, n) for n in checked]
     plan = plan_for(loaded, targets=targets, launcher=backend.launcher, stand=stand)
@@ -102,7 +102,7 @@ async def start(ctx: RunContext, loaded: Loaded) -> None:
             project_id=tx.cluster.project_id,
             target=CheckStatus.RUNNING,
             actor=ACTOR,
-            reason=f"started through {backend.name} on {names}{skip_note}",
+            reason=f"started through {backend.name}{why} on {names}{skip_note}",
             now=tx.now,
             data={"skipped": skipped, "backend": backend.name},
         )
@@ -143,6 +143,28 @@ async def _idle_nodes(
             continue
         checked.append(node)
     return checked, skipped
+
+
+async def _backend_for(
+    ctx: RunContext, loaded: Loaded, checked: list[NodeRow]
+) -> tuple[CheckBackend, str]:
+    """The cluster's backend, and why not when it is not. An acceptance run on nodes
+    Slurm's power saving holds for a machine not up yet (a cloud node resumed for a job)
+    goes through the agents: the job is allocated to the node and starts the moment
+    slurmd registers, so the checks run on the machine before slurmd starts, never as a
+    Slurm job queued behind it."""
+    backend = ctx.backend_for(loaded.cluster)
+    if backend is ctx.agent_backend or loaded.run.purpose != "acceptance":
+        return backend, ""
+    try:
+        listed = await scheduler_for(ctx.drivers, loaded.cluster).list_nodes()
+    except DriverError:
+        return backend, ""  # the Slurm backend says what is wrong when it starts
+    names = {n.scheduler_name or n.name for n in checked}
+    waiting = sorted(n.name for n in listed if n.name in names and n.powered_down)
+    if not waiting:
+        return backend, ""
+    return ctx.agent_backend, f" (Slurm powers up {', '.join(waiting)}: checked before slurmd)"
 
 
 def _skip(node: NodeRow, reason: str) -> dict[str, str]:
