@@ -268,12 +268,63 @@ def test_a_node_not_registered_within_resume_timeout_goes_down_and_its_job_reque
         lab.run("scontrol", "update", "nodename=cloud2", "state=resume", check=False)
 
 
-def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
-    power: PowerLab, tmp_path: Path
-) -> None:
-    """The shim as slurmctld runs it: through a one-line wrapper that names the cluster,
-    server and token (slurmctld gives its programs no PATH, no HOME, nothing of ours),
-    against a real ``gpufleet server`` process whose Slurm cluster is in mode slurm."""
+@dataclass
+class Gpufleet:
+    """A real ``gpufleet server`` process whose Slurm cluster ``hpc`` (sim provider) is in
+    autoscaling mode slurm, accepting every new machine with a quick suite."""
+
+    api: httpx.Client
+    url: str
+    token: str
+    cluster_id: str
+    log: Path  # the programs' --log-file
+    setup_s: float
+
+    def hand_on(self, power: PowerLab, action: str, tmp_path: Path) -> None:
+        """Make the recording program hand ``action`` on to ``gpufleet slurm ACTION``
+        through a one-line wrapper that names the cluster, server and token (slurmctld
+        gives its programs no PATH, no HOME, nothing of ours)."""
+        gpufleet = Path(sys.executable).parent / "gpufleet"  # the venv's entry point
+        wrapper = power.calls_dir / f"then-{action}"
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            f"GPUFLEET_CLUSTER=hpc GPUFLEET_URL={self.url} GPUFLEET_TOKEN={self.token} "
+            f'exec {gpufleet} slurm {action} --log-file {self.log} "$@" 2>>{tmp_path}/stderr\n'
+        )
+        wrapper.chmod(0o700)
+
+    def node_in(self, node: str, state: str) -> bool:
+        listed = self.api.get("/api/v1/nodes", params={"cluster": self.cluster_id, "state": state})
+        return node in {n["name"] for n in listed.json()["items"]}
+
+    def actions(self) -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = self.api.get(
+            f"/api/v1/clusters/{self.cluster_id}/autoscale/actions"
+        ).json()["items"]
+        return got
+
+    def story(self, node: str) -> list[str]:
+        """The cluster's timeline about autoscaling, acceptance and ``node``, oldest first."""
+        events = self.api.get(
+            "/api/v1/events", params={"cluster": self.cluster_id, "limit": 200}
+        ).json()["items"]
+        return [
+            e["message"] for e in reversed(events)
+            if e["kind"].startswith(("autoscale.", "acceptance.finished", "check.status"))
+            or (e["kind"] == "node.state" and node in e["message"])
+        ]  # fmt: skip
+
+
+def _in_order(story: list[str], expected: list[str]) -> None:
+    at = 0
+    for want in expected:
+        found = next((i for i in range(at, len(story)) if want in story[i]), None)
+        assert found is not None, f"{want!r} not in the story after line {at}:\n" + "\n".join(story)
+        at = found + 1
+
+
+@pytest.fixture
+def gpufleet(power: PowerLab, tmp_path: Path) -> Iterator[Gpufleet]:
     lab = power.lab
     port = free_port()
     env = {
@@ -285,9 +336,6 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
     }
     server = ServerProcess(args=["server"], env=env, log_path=tmp_path / "server.log")
     url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "slurm-power.log"
-    wrapper = power.calls_dir / "then-resume"
-    srun: subprocess.Popen[str] | None = None
     server.start()
     try:
         t0 = time.monotonic()
@@ -320,15 +368,24 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
             ]},
         })  # fmt: skip
         assert accept.status_code == 200, accept.text
-        setup_s = time.monotonic() - t0
-        gpufleet = Path(sys.executable).parent / "gpufleet"  # the venv's entry point
-        wrapper.write_text(
-            "#!/bin/sh\n"
-            f"GPUFLEET_CLUSTER=hpc GPUFLEET_URL={url} GPUFLEET_TOKEN={token} "
-            f'exec {gpufleet} slurm resume --log-file {log} "$@" 2>>{tmp_path}/stderr\n'
+        yield Gpufleet(
+            api, url, token, cluster_id, tmp_path / "slurm-power.log", time.monotonic() - t0
         )
-        wrapper.chmod(0o700)
+    finally:
+        for action in ("resume", "suspend"):
+            (power.calls_dir / f"then-{action}").unlink(missing_ok=True)
+        server.stop()
 
+
+def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
+    power: PowerLab, gpufleet: Gpufleet, tmp_path: Path
+) -> None:
+    """The shim as slurmctld runs it, against a real ``gpufleet server`` process: the
+    resumed node is accepted before its job runs, and given back once idle."""
+    lab, api, cluster_id, log = power.lab, gpufleet.api, gpufleet.cluster_id, gpufleet.log
+    gpufleet.hand_on(power, "resume", tmp_path)
+    srun: subprocess.Popen[str] | None = None
+    try:
         before = len(power.calls())
         t1 = time.monotonic()
         srun = subprocess.Popen(
@@ -341,7 +398,7 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
         answered_s = time.monotonic() - t1
         [line, *_] = log.read_text().splitlines()
         print(f"gpufleet's log line: {line}")
-        assert token not in line
+        assert gpufleet.token not in line
         [action] = api.get(f"/api/v1/clusters/{cluster_id}/autoscale/actions").json()["items"]
         [job] = lab.run("squeue", "-h", "-p", "cloud", "-o", "%A").stdout.split()
         assert f" resume cluster=hpc hostlist={node} nodes=1 jobs={job} exit=0 " in line
@@ -349,15 +406,11 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
         assert (action["source"], action["nodes"]) == ("slurm", [node])
         assert action["reasons"] == [f"Slurm resumes {node}", f"for job(s) {job}"]
 
-        def gpufleet_node(state: str) -> bool:
-            listed = api.get("/api/v1/nodes", params={"cluster": cluster_id, "state": state})
-            return node in {n["name"] for n in listed.json()["items"]}
-
         # The test plays the machine's boot: gpufleet accepts the machine through its
         # agent (slurmd not started: the job waits, allocated to the node); once the node
         # is in service, its slurmd starts and registers, and the job runs.
         lab.wait_until(
-            lambda: gpufleet_node("in_service"), timeout_s=RESUME_TIMEOUT_S,
+            lambda: gpufleet.node_in(node, "in_service"), timeout_s=RESUME_TIMEOUT_S,
             what=f"gpufleet's machine for {node} accepted",
         )  # fmt: skip
         listed = api.get("/api/v1/nodes", params={"cluster": cluster_id}).json()["items"]
@@ -371,52 +424,35 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
         assert out.strip()  # hostname, run on the node gpufleet resumed
         ran_s = time.monotonic() - t1
 
-        def actions() -> list[dict[str, Any]]:
-            got: list[dict[str, Any]] = api.get(
-                f"/api/v1/clusters/{cluster_id}/autoscale/actions"
-            ).json()["items"]
-            return got
-
         # The autoscaler's next pass sees the node in service: the step up succeeded.
         lab.wait_until(
-            lambda: [a["status"] for a in actions()] == ["succeeded"], timeout_s=20,
+            lambda: [a["status"] for a in gpufleet.actions()] == ["succeeded"], timeout_s=20,
             what="the step up succeeded",
         )  # fmt: skip
 
         # Idle past SuspendTime: slurmctld runs the suspend program, gpufleet gives the
         # machine back; the test plays the machine going away (its slurmd stops).
-        suspender = power.calls_dir / "then-suspend"
-        suspender.write_text(
-            "#!/bin/sh\n"
-            f"GPUFLEET_CLUSTER=hpc GPUFLEET_URL={url} GPUFLEET_TOKEN={token} "
-            f'exec {gpufleet} slurm suspend --log-file {log} "$@" 2>>{tmp_path}/stderr\n'
-        )
-        suspender.chmod(0o700)
+        gpufleet.hand_on(power, "suspend", tmp_path)
         before = len(power.calls())
         power.wait_for_call("suspend", after=before, timeout_s=SUSPEND_TIME_S + 20)
         lab.wait_until(
-            lambda: gpufleet_node("removed"), timeout_s=30, what=f"gpufleet removing {node}"
+            lambda: gpufleet.node_in(node, "removed"),
+            timeout_s=30,
+            what=f"gpufleet removing {node}",
         )
         lab.stop_slurmd(node)
-        down, _up = actions()
+        down, _up = gpufleet.actions()
         assert (down["kind"], down["source"], down["nodes"]) == ("scale_down", "slurm", [node])
         lab.wait_until(
-            lambda: [a["status"] for a in actions()] == ["succeeded", "succeeded"],
+            lambda: [a["status"] for a in gpufleet.actions()] == ["succeeded", "succeeded"],
             timeout_s=20, what="the step down succeeded",
         )  # fmt: skip
         assert "drain" not in lab.node_states()[node]  # no hold of gpufleet's left behind
 
         # The events tell the story, in order.
-        events = api.get("/api/v1/events", params={"cluster": cluster_id, "limit": 200}).json()[
-            "items"
-        ]
-        story = [
-            e["message"] for e in reversed(events)
-            if e["kind"].startswith(("autoscale.", "acceptance.finished", "check.status"))
-            or (e["kind"] == "node.state" and node in e["message"])
-        ]  # fmt: skip
+        story = gpufleet.story(node)
         print("\n".join(story))
-        expected = [
+        _in_order(story, [
             f"adding 1 node(s) ({node}) for slurm: Slurm resumes {node}",
             f"node {node}: provisioning → acceptance",
             f"started through agent (Slurm powers up {node}: checked before slurmd) on {node}",
@@ -426,23 +462,72 @@ def test_gpufleet_slurm_resume_as_the_resume_program_of_a_real_slurmctld(
             f"removing 1 node(s) ({node}) for slurm: Slurm powers down {node}",
             f"node {node}: in_service → removing",
             f"node {node}: removing → removed",
-        ]
-        at = 0
-        for want in expected:
-            found = next((i for i in range(at, len(story)) if want in story[i]), None)
-            assert found is not None, f"{want!r} not in the story after line {at}:\n" + "\n".join(
-                story
-            )
-            at = found + 1
+        ])  # fmt: skip
         print(
-            f"server up and cluster ready in {setup_s:.1f} s; slurmctld ran the wrapper and "
-            f"gpufleet's server took the resume {answered_s:.1f} s after srun; the job ran "
-            f"by {ran_s:.1f} s; suspended and given back by {time.monotonic() - t1:.1f} s"
+            f"server up and cluster ready in {gpufleet.setup_s:.1f} s; slurmctld ran the "
+            f"wrapper and gpufleet's server took the resume {answered_s:.1f} s after srun; the "
+            f"job ran by {ran_s:.1f} s; suspended and given back by {time.monotonic() - t1:.1f} s"
         )
     finally:
-        (power.calls_dir / "then-suspend").unlink(missing_ok=True)
-        wrapper.unlink(missing_ok=True)
         if srun is not None and srun.poll() is None:
             srun.kill()
             srun.wait(timeout=10)
-        server.stop()
+
+
+def test_a_resumed_node_that_fails_acceptance_hands_its_job_back(
+    power: PowerLab, gpufleet: Gpufleet, tmp_path: Path
+) -> None:
+    """A machine that fails acceptance never runs the job: gpufleet cordons the node and
+    drains it, and Slurm requeues the job at once, not at ResumeTimeout."""
+    lab, api = power.lab, gpufleet.api
+    gpufleet.hand_on(power, "resume", tmp_path)
+    before = len(power.calls())
+    job = lab.run(
+        "sbatch", "--parsable", "-p", "cloud", "-N1", "--gres=gpu:1", "--chdir=/tmp",
+        "--output=/dev/null", "--wrap", "true",
+    ).stdout.strip()  # fmt: skip
+    node = ""
+    try:
+        call = power.wait_for_call("resume", after=before, timeout_s=15)
+        resumed = time.monotonic()
+        [node] = expand_nodes(call.hostlist)
+
+        def broken() -> bool:  # a double-bit ECC error on the new machine, before its tests
+            listed = api.get("/api/v1/nodes", params={"cluster": gpufleet.cluster_id})
+            ids = {n["name"]: n["id"] for n in listed.json()["items"]}
+            if node not in ids:
+                return False
+            injected = api.post(
+                f"/api/v1/nodes/{ids[node]}/faults", json={"signature": "xid-48", "gpu_index": 0}
+            )
+            return injected.status_code == 202
+
+        lab.wait_until(broken, timeout_s=10, what=f"a fault injected on {node}'s machine")
+        lab.wait_until(
+            lambda: gpufleet.node_in(node, "cordoned"), timeout_s=RESUME_TIMEOUT_S,
+            what=f"{node} failing acceptance",
+        )  # fmt: skip
+        lab.wait_until(
+            lambda: "Restarts=1" in lab.run("scontrol", "-o", "show", "job", job).stdout,
+            timeout_s=10, what=f"job {job} requeued",
+        )  # fmt: skip
+        requeued_s = time.monotonic() - resumed
+        assert requeued_s < RESUME_TIMEOUT_S  # gpufleet's drain, not Slurm's timeout
+        states = lab.node_states()
+        assert states[node].startswith("drain"), states  # never took the job
+        reason = lab.run("sinfo", "-h", "-n", node, "-o", "%E").stdout.strip()
+        assert reason.startswith("gpufleet: "), reason
+        story = gpufleet.story(node)
+        print("\n".join(story))
+        _in_order(story, [
+            f"node {node}: provisioning → acceptance",
+            "acceptance (provisioning) failed",
+            f"node {node}: acceptance → cordoned",
+        ])  # fmt: skip
+        print(f"{node} failed acceptance; job {job} requeued {requeued_s:.1f} s after the "
+              f"resume call (ResumeTimeout {RESUME_TIMEOUT_S} s); Slurm says {states[node]}: "
+              f"{reason!r}")  # fmt: skip
+    finally:
+        lab.run("scancel", job, check=False)
+        if node:
+            lab.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
