@@ -58,7 +58,7 @@ from _common import (
     sqlite_versions,
 )
 from gpufleet.core.agent_protocol import GpuSample, ReportBatch
-from gpufleet.sim.telemetry import gpu_model_or_default, initial_telemetry, next_telemetry
+from gpufleet.sim.telemetry import BUSY, gpu_model_or_default, initial_telemetry, next_telemetry
 
 MAX_CLUSTER_SIZE = 4096  # gpufleet.server.schemas.clusters.MAX_CLUSTER_SIZE
 TARGET_PG_REPORTS_S = 2000  # a 20,000-node fleet reporting every 10 s
@@ -88,7 +88,7 @@ def telemetry_variants(node: NodeSpec, *, seed: int) -> list[list[GpuSample]]:
     state = [initial_telemetry(model, rng=rng) for _ in node.gpus]
     out: list[list[GpuSample]] = []
     for _ in range(VARIANTS):
-        state = [next_telemetry(t, model=model, busy=True, elapsed_s=10.0, rng=rng) for t in state]
+        state = [next_telemetry(t, model=model, load=BUSY, elapsed_s=10.0, rng=rng) for t in state]
         out.append(
             [
                 GpuSample(

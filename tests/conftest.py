@@ -9,6 +9,7 @@ import pytest
 
 from gpufleet.testing.app import RunningApp, make_settings, running_app
 from gpufleet.testing.databases import PostgresTemplate, SqliteTemplate
+from gpufleet.testing.prometheus import PrometheusServer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -58,3 +59,13 @@ async def app(database_url: str, tmp_path: Path) -> AsyncIterator[RunningApp]:
     settings = make_settings(data_dir=tmp_path / "data", database_url=database_url)
     async with running_app(settings) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """One real Prometheus per session, scraping nothing until a test configures it
+    (``PrometheusServer.configure``: a reload, not a restart)."""
+    server = PrometheusServer(workdir=tmp_path_factory.mktemp("prometheus"))
+    server.start()
+    yield server
+    server.stop()

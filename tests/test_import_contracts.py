@@ -24,6 +24,7 @@ SERVER_INFRASTRUCTURE = frozenset(
         "failpoints",
         "ingest",
         "limits",
+        "metrics",
         "requests",
         "schemas",
         "settings",

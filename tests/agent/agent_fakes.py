@@ -86,6 +86,10 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:
         return SimpleNamespace(busId=self._gpu(h, "nvmlDeviceGetPciInfo").bus_id.encode())
 
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        self._gpu(h, "nvmlDeviceGetMinorNumber")
+        return int(h)
+
     def nvmlDeviceGetSerial(self, h: int) -> str:
         return "1650" + str(h)
 

@@ -23,6 +23,7 @@ def test_reads_every_field_of_every_gpu() -> None:
     assert [s.gpu_index for s in result.samples] == [0, 1]
     s = result.samples[1]
     assert s.pci_bus_id == "0000:28:00.0"
+    assert s.minor_number == 1  # /dev/nvidia1: the exporter's device="nvidia1"
     assert s.values["utilization_pct"] == 50
     assert s.values["power_w"] == 350.0
     assert s.values["memory_total_mib"] == 80 * 1024

@@ -38,7 +38,12 @@ def test_every_role_has_a_row() -> None:
 
 def test_admin_has_every_project_permission() -> None:
     assert ROLE_PERMISSIONS[Role.ADMIN] == frozenset(Permission) - OWNER_ONLY
-    assert {Permission.PROJECT_CREATE, Permission.USER_READ, Permission.USER_MANAGE} == OWNER_ONLY
+    assert {
+        Permission.PROJECT_CREATE,
+        Permission.USER_READ,
+        Permission.USER_MANAGE,
+        Permission.METRICS_READ,
+    } == OWNER_ONLY
 
 
 def test_member_permissions_are_a_subset_of_admin() -> None:

@@ -8,6 +8,7 @@ import pytest
 from gpufleet.core.agent_protocol import GpuSample
 from gpufleet.core.gpu_models import GPU_MODELS, GpuModel
 from gpufleet.sim.telemetry import (
+    BUSY,
     GpuTelemetry,
     gpu_model_or_default,
     initial_telemetry,
@@ -22,7 +23,7 @@ def run(model: GpuModel, *, busy: bool, steps: int, seed: int = 1) -> list[GpuTe
     t = initial_telemetry(model, rng=rng)
     out = []
     for _ in range(steps):
-        t = next_telemetry(t, model=model, busy=busy, elapsed_s=10.0, rng=rng)
+        t = next_telemetry(t, model=model, load=BUSY if busy else None, elapsed_s=10.0, rng=rng)
         out.append(t)
     return out
 
@@ -80,7 +81,7 @@ def test_temperature_warms_gradually_when_a_job_starts() -> None:
     t = initial_telemetry(H100, rng=rng)
     temps = []
     for _ in range(12):
-        t = next_telemetry(t, model=H100, busy=True, elapsed_s=10.0, rng=rng)
+        t = next_telemetry(t, model=H100, load=BUSY, elapsed_s=10.0, rng=rng)
         temps.append(t.temperature_c)
     assert temps[0] < 50 < temps[-1]
     assert all(b - a < 8 for a, b in itertools.pairwise(temps))
@@ -92,7 +93,7 @@ def test_ecc_counters_only_grow_and_aggregate_covers_volatile() -> None:
     for _ in range(2000):
         prev = t
         # A long gap makes an SBE likelier, to see the counters move at all.
-        t = next_telemetry(t, model=H100, busy=True, elapsed_s=50_000.0, rng=rng)
+        t = next_telemetry(t, model=H100, load=BUSY, elapsed_s=50_000.0, rng=rng)
         assert t.ecc_sbe_volatile >= prev.ecc_sbe_volatile
         assert t.ecc_sbe_aggregate >= t.ecc_sbe_volatile
         assert t.ecc_dbe_aggregate >= t.ecc_dbe_volatile == 0

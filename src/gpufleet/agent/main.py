@@ -27,6 +27,8 @@ from gpufleet.agent.detectors import Detector
 from gpufleet.agent.enroll import obtain_node_token
 from gpufleet.agent.exporter import serve
 from gpufleet.agent.gres_check import GresCheck
+from gpufleet.agent.hostio.reader import HostIoReader
+from gpufleet.agent.job_labels import JobLabels
 from gpufleet.agent.kube_pods import NodePods, in_cluster_api_url
 from gpufleet.agent.outbox import Outbox
 from gpufleet.agent.runtime import Agent, FindingContext, SampleCheck
@@ -60,7 +62,7 @@ def build_collectors(settings: AgentSettings) -> tuple[list[Collector], list[Eve
         collectors.append(SimCollector(gpus=settings.sim_gpus))
     if "infiniband" in wanted:
         collectors.append(
-            InfinibandCollector(root=settings.infiniband_root, exclude=settings.infiniband_exclude)
+            InfinibandCollector(root=settings.infiniband_dir(), exclude=settings.infiniband_exclude)
         )
     slurm: SlurmCollector | None = None
     if "slurm" in wanted:
@@ -158,6 +160,31 @@ def build_node_pods(
         ca_file=settings.kubernetes_ca_file,
         interval_s=settings.kubernetes_pods_interval_s,
         clock=clock,
+    )
+
+
+def build_host_reader(settings: AgentSettings) -> HostIoReader | None:
+    """What /metrics reads of the host's I/O at each scrape (None: host_metrics off)."""
+    if not settings.host_metrics:
+        return None
+    return HostIoReader(
+        sys_root=settings.sys_root,
+        proc_root=settings.proc_root,
+        infiniband_root=settings.infiniband_dir(),
+        infiniband_exclude=settings.infiniband_exclude,
+        net_exclude=settings.net_device_exclude or None,
+        disk_exclude=settings.disk_device_exclude or None,
+    )
+
+
+def build_job_labels(settings: AgentSettings, pods: NodePods | None) -> JobLabels | None:
+    """The job labels of GPU series, if turned on (metrics_job_labels)."""
+    if not settings.metrics_job_labels:
+        return None
+    return JobLabels(
+        mapping_dir=settings.metrics_job_mapping_dir,
+        pods=(lambda: pods.listing) if pods is not None else None,
+        max_values=settings.metrics_job_label_max,
     )
 
 
@@ -259,7 +286,13 @@ async def run_agent_async(settings: AgentSettings, *, stop: asyncio.Event | None
     )
     server = None
     if settings.metrics_listen:
-        server = await serve(agent, listen=settings.metrics_listen, hostname=settings.hostname)
+        server = await serve(
+            agent,
+            listen=settings.metrics_listen,
+            hostname=settings.hostname,
+            host=build_host_reader(settings),
+            jobs=build_job_labels(settings, pods),
+        )
     log.info(
         "gpufleet agent %s for %s → %s (collectors: %s)",
         AGENT_VERSION,

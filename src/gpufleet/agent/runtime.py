@@ -33,6 +33,7 @@ from gpufleet.agent.detectors import Detector
 from gpufleet.agent.findings import FindingChange, with_context
 from gpufleet.agent.sender import Sender, SendStatus
 from gpufleet.agent.spool import Spool
+from gpufleet.agent.xids import XidCounter
 from gpufleet.core.agent_protocol import FindingState, GpuSample, NodeReport
 from gpufleet.core.clock import Clock
 
@@ -80,6 +81,7 @@ class Agent:
         self._snapshot = state_dir / "open-findings.json"
         self._sample_s = sample_interval_s
         self.latest: dict[str, Sample] = {}  # by GPU UUID / port, for reports and /metrics
+        self.xids = XidCounter()  # every Xid event, for /metrics
         self._report_seq = 0
         self._errors: dict[str, str] = {}
         self._context = context
@@ -105,10 +107,13 @@ class Agent:
         now = self._clock.now()
         for sample in result.samples:
             self.latest[sample.gpu_uuid or sample.component or "node"] = sample
+        self.xids.learn(result.samples)
+        self.xids.observe(result.events)
         changes = self.detector.observe(result, now) + self.detector.tick(now)
         return self.submit(changes)
 
     async def on_events(self, events: list[Event]) -> None:
+        self.xids.observe(events)
         changes = self.detector.events(events, self._clock.now())
         if events and not changes:
             # Repeats folded for a later tick: their lines are checkpointed once we

@@ -1,6 +1,7 @@
 """Agent settings: one typed object, read from ``GPUFLEET_AGENT_*`` environment variables.
 
-Passed into ``run_agent(settings)``; nothing reads it as a module global.
+Passed into ``run_agent(settings)``; nothing reads it as a module global. The /metrics
+settings are declared in ``metrics_settings.py`` and inherited.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import socket
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from gpufleet.agent.metrics_settings import MetricsSettings
 from gpufleet.schedulers.kubernetes.config import SERVICE_ACCOUNT_DIR
 
 _LOG_SOURCE = re.compile(r"^(auto|kmsg|journal|none|file:.+)$")
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(MetricsSettings):
     model_config = SettingsConfigDict(env_prefix="GPUFLEET_AGENT_", extra="ignore")
 
     server_url: str = Field(
@@ -199,9 +201,9 @@ class AgentSettings(BaseSettings):
             "file:PATH (a syslog file; follows rotation) or none."
         ),
     )
-    infiniband_root: Path = Field(
-        default=Path("/sys/class/infiniband"),
-        description="sysfs root of the IB devices; configurable for tests and containers.",
+    infiniband_root: Path | None = Field(
+        default=None,
+        description="sysfs root of the IB devices. Unset: <sys_root>/class/infiniband.",
     )
     infiniband_exclude: tuple[str, ...] = Field(
         default=(),
@@ -224,13 +226,6 @@ class AgentSettings(BaseSettings):
         description=(
             "Unsent findings are never dropped; past this size the agent logs a warning "
             "each cycle so an operator notices a server that has been gone for days."
-        ),
-    )
-    metrics_listen: str | None = Field(
-        default="127.0.0.1:9404",
-        description=(
-            "host:port of the Prometheus /metrics endpoint, or unset for none. Loopback by "
-            "default: expose it deliberately (0.0.0.0:9404) where Prometheus scrapes nodes."
         ),
     )
     commands: bool = Field(
@@ -357,6 +352,10 @@ class AgentSettings(BaseSettings):
         if self.enroll_token_file is not None:
             return self.enroll_token_file.read_text(encoding="utf-8").strip() or None
         return None
+
+    def infiniband_dir(self) -> Path:
+        """Where the IB devices are: infiniband_root, else <sys_root>/class/infiniband."""
+        return self.infiniband_root or self.sys_root / "class" / "infiniband"
 
     def token_path(self) -> Path:
         """Where an enrolled agent keeps its node token."""

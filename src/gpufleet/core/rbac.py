@@ -43,6 +43,8 @@ class Permission(StrEnum):
     PROJECT_CREATE = "project.create"
     USER_READ = "user.read"
     USER_MANAGE = "user.manage"
+    # Every project's nodes, findings and repairs as numbers: /metrics.
+    METRICS_READ = "metrics.read"
 
 
 DESCRIPTIONS: dict[Permission, str] = {
@@ -73,10 +75,18 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.PROJECT_CREATE: "create projects and name their first admin",
     Permission.USER_READ: "list every user",
     Permission.USER_MANAGE: "create users, set their Unix names",
+    Permission.METRICS_READ: "scrape the fleet-wide Prometheus metrics (/metrics)",
 }
 
 # Actions outside any one project: only the platform owner has them.
-OWNER_ONLY = frozenset({Permission.PROJECT_CREATE, Permission.USER_READ, Permission.USER_MANAGE})
+OWNER_ONLY = frozenset(
+    {
+        Permission.PROJECT_CREATE,
+        Permission.USER_READ,
+        Permission.USER_MANAGE,
+        Permission.METRICS_READ,
+    }
+)
 
 # Members work in the project: they see all of it, run checks and make their own tokens.
 _MEMBER = frozenset(

@@ -24,6 +24,7 @@ from gpufleet.server.errors import ERROR_RESPONSES, install_error_handlers
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
+from gpufleet.server.metrics import HttpMetrics
 from gpufleet.server.requests import RequestContext
 from gpufleet.server.routers import (
     acceptance,
@@ -43,6 +44,7 @@ from gpufleet.server.routers import (
     findings,
     health,
     hosts,
+    metrics,
     node_commands,
     nodes,
     probes,
@@ -184,6 +186,7 @@ def create_app(
     install_error_handlers(app)
     app.router.routes.extend(_route_table())
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(HttpMetrics)  # latency by route template (server/metrics.py)
     app.add_middleware(RequestContext)  # outermost: every response has an X-Request-ID
     return app
 
@@ -228,6 +231,7 @@ def _route_table() -> tuple[BaseRoute, ...]:
     ):
         api.include_router(module.router)
     scratch.include_router(probes.router)
+    scratch.include_router(metrics.router)  # GET /metrics, for Prometheus
     scratch.include_router(api)
     install_console(scratch)  # the web console: pages and /static (server/web/)
     return tuple(scratch.router.routes)

@@ -273,6 +273,24 @@ class ServerSettings(BaseSettings):
         default=None,
         description="If set, the first start writes the bootstrap admin token here (mode 0600).",
     )
+    # -- Prometheus /metrics (docs/metrics.md) ----------------------------------------
+    metrics_token_file: Path | None = Field(
+        default=None,
+        description=(
+            "File holding a bearer token (32+ characters) that reads /metrics and nothing "
+            "else: the one Prometheus scrapes with (`authorization.credentials_file`). A "
+            "file, so it never sits in the environment; read at each scrape, so it rotates "
+            "without a restart. Unset: only the platform owner's tokens read /metrics."
+        ),
+    )
+    metrics_mttr_window_s: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description=(
+            "Seconds of succeeded repairs the MTTR gauge averages over: a week smooths one "
+            "day's mix of reboots and reinstalls and still shows a change within days."
+        ),
+    )
     # -- credentials at rest (docs/providers-inventory.md) ----------------------------
     secret_key: SecretStr | None = Field(
         default=None,

@@ -28,6 +28,7 @@ from gpufleet.client.errors import ApiError
 from gpufleet.sim.commands import CommandStepper, SimCommandState, run_commands
 from gpufleet.sim.faults import SimFault
 from gpufleet.sim.findings import FindingSender, run_sender, send_pass
+from gpufleet.sim.load import IDLE, NodeLoad
 from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance, SimInstanceState
 from gpufleet.sim.programs import PROGRAMS, ProgramRegistry
 from gpufleet.sim.reports import AgentCounters, NodeSampler, ReportSender
@@ -122,7 +123,7 @@ class _SteppedAgent:
             on_sent=runner.count_findings,
         )
         waiting = await self._reports.send_once(
-            busy=iid in runner.busy,
+            load=runner.loads.get(iid, IDLE),
             faults=runner.active_faults.get(iid, ()),
             resetting=runner.resetting.get(iid, frozenset()),
         )
@@ -158,7 +159,7 @@ class SimFleetRunner:
         self.rng = random.Random(seed)
         self._tasks: dict[AgentKey, asyncio.Task[None]] = {}
         self._stepped: dict[AgentKey, _SteppedAgent] = {}
-        self.busy: frozenset[str] = frozenset()
+        self.loads: dict[str, NodeLoad] = {}  # what the jobs put on each machine now
         self.counters = AgentCounters()
         # Per machine, across its reboots: the finding queue, and the event that wakes its
         # agent the moment a fault changes (set from the world's listener, on any thread).
@@ -242,7 +243,7 @@ class SimFleetRunner:
         # In a thread: advance may rewrite the state file, which must not stall the loop.
         await asyncio.to_thread(self.world.advance)
         # One snapshot per pass, so agents never take the world's lock per report.
-        self.busy = self.world.busy_instance_ids()
+        self.loads = self.world.node_loads()
         self.active_faults = self.world.active_faults()
         self.resetting = self.world.resetting_gpus()
         instances = self.world.list_instances()
@@ -374,7 +375,7 @@ class SimFleetRunner:
         )
         while True:
             waiting = await reports.send_once(
-                busy=iid in self.busy,
+                load=self.loads.get(iid, IDLE),
                 faults=self.active_faults.get(iid, ()),
                 resetting=self.resetting.get(iid, frozenset()),
             )

@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gpufleet.sim.faults import SimFault, pci_bus_id, signature_or_error
+from gpufleet.sim.faults import SimFault, hca_index, pci_bus_id, signature_or_error
 
 GIB = 1 << 30
 _HEALTHY_NOISE = 0.01
@@ -91,8 +91,7 @@ class SimHost:
         """The HCA index an InfiniBand fault hits, and whether its link is down."""
         for f in self.faults:
             if f.active and signature_or_error(f.signature_id).category == "infiniband":
-                digest = hashlib.sha256(f.fault_id.encode()).digest()
-                return digest[0] % nics, f.signature_id in ("ib-link-down", "ib-port-init")
+                return hca_index(f, nics=nics), f.signature_id in ("ib-link-down", "ib-port-init")
         return None
 
 

@@ -28,6 +28,7 @@ Pure: no I/O, no clock; the world passes ``now`` and its random stream in.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import math
 import random
 from collections.abc import Iterable, Sequence
@@ -398,8 +399,17 @@ def pci_bus_id(gpu_index: int) -> str:
     return f"0000:{bus}:00.0"
 
 
-def kernel_log_message(signature: Signature, *, gpu_index: int | None, pid: int = 1) -> str:
-    """The line a node's log (kernel log, or the agent's NVML/IB view) shows for it."""
+def hca_index(fault: SimFault, *, nics: int) -> int:
+    """The HCA (``mlx5_<n>``, of ``nics``) a fabric fault hits: drawn from its id, so the
+    port telemetry, the finding and the simulated ``ib_write_bw`` all name the same one."""
+    return hashlib.sha256(fault.fault_id.encode()).digest()[0] % nics
+
+
+def kernel_log_message(
+    signature: Signature, *, gpu_index: int | None, pid: int = 1, hca: int = 0
+) -> str:
+    """The line a node's log (kernel log, or the agent's NVML/IB view) shows for it;
+    ``hca``: the HCA a fabric fault hit."""
     gpu = 0 if gpu_index is None else gpu_index
     pci = pci_bus_id(gpu)[:-2]  # the driver prints domain:bus:device, no function
     rule = signature.match
@@ -413,7 +423,7 @@ def kernel_log_message(signature: Signature, *, gpu_index: int | None, pid: int 
     if signature.id in DBE:
         return f"nvml: GPU {gpu} ({pci}): ecc_dbe_volatile increased by 1"
     if signature.category == "infiniband":
-        return "mlx5_core 0000:0c:00.0: mlx5_0/1: Link down (phys_state Disabled)"
+        return f"mlx5_core 0000:0c:00.0: mlx5_{hca}/1: Link down (phys_state Disabled)"
     where = f"GPU {gpu} ({pci})" if gpu_index is not None else "node"
     return f"{signature.source.value}: {where}: {signature.title}"
 

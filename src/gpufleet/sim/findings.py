@@ -25,7 +25,14 @@ from gpufleet.core.agent_protocol import (
     FindingReport,
     FindingState,
 )
-from gpufleet.sim.faults import SimFault, kernel_log_message, pci_bus_id, signature_or_error
+from gpufleet.sim.fabric import NICS_PER_NODE
+from gpufleet.sim.faults import (
+    SimFault,
+    hca_index,
+    kernel_log_message,
+    pci_bus_id,
+    signature_or_error,
+)
 from gpufleet.sim.models import SimInstance
 
 log = logging.getLogger(__name__)
@@ -87,6 +94,7 @@ class FindingSender:
     def _change(instance: SimInstance, fault: SimFault, state: FindingState) -> FindingReport:
         signature = signature_or_error(fault.signature_id)
         gpu = next((g for g in instance.gpus if g.index == fault.gpu_index), None)
+        hca = hca_index(fault, nics=NICS_PER_NODE)  # the port the fabric model takes down
         return FindingReport(
             seq=1,  # set when queued
             key=fold_key(signature.id, gpu.uuid if gpu else None),
@@ -98,8 +106,8 @@ class FindingSender:
             gpu_uuid=gpu.uuid if gpu else None,
             gpu_index=fault.gpu_index if gpu else None,
             pci_bus_id=pci_bus_id(gpu.index) if gpu else None,
-            component="mlx5_0/1" if signature.category == "infiniband" else None,
-            evidence=kernel_log_message(signature, gpu_index=fault.gpu_index),
+            component=f"mlx5_{hca}/1" if signature.category == "infiniband" else None,
+            evidence=kernel_log_message(signature, gpu_index=fault.gpu_index, hca=hca),
             count=fault.count,
             first_seen=fault.started_at,
             last_seen=fault.cleared_at or fault.last_seen,

@@ -168,6 +168,9 @@ class JobRecord:
     requeueable: bool = True  # False: submitted with --no-requeue
     requeues: int = 0  # times requeued (Slurm's Restarts)
     queued_at: dt.datetime | None = None  # when a requeue put it back; None: submitted_at
+    # GPUs it asked for, when fewer than its whole nodes: it loads only that many (the
+    # first of each node, in order); None: every GPU of its nodes.
+    gpus: int | None = None
 
     def snapshot(self) -> SimJob:
         return SimJob(
@@ -209,6 +212,7 @@ class JobRecord:
             self.requeueable,
             self.requeues,
             _ts(self.queued_at),
+            self.gpus,
         ]
 
     @classmethod
@@ -234,6 +238,8 @@ class JobRecord:
             requeues=int(raw[16]) if len(raw) > 16 else 0,
             # Files written before pending work existed: queued since submitted.
             queued_at=_parse_ts(raw[17]) if len(raw) > 17 else None,
+            # Files written before job loads existed: the job used its whole nodes.
+            gpus=None if len(raw) <= 18 or raw[18] is None else int(raw[18]),
         )
 
 

@@ -20,7 +20,9 @@ from gpufleet.client.agent import AgentClient
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.core.agent_protocol import GpuSample, NodeIdentity, NodeReport, ReportBatch
 from gpufleet.core.clock import Clock
+from gpufleet.sim.fabric import IbPortTelemetry, initial_ports, next_ports
 from gpufleet.sim.faults import SimFault, apply_effects
+from gpufleet.sim.load import IDLE, NodeLoad
 from gpufleet.sim.models import USER_DATA_TOKEN, USER_DATA_URL, SimInstance, sim_boot_id
 from gpufleet.sim.telemetry import (
     GpuTelemetry,
@@ -48,10 +50,12 @@ class AgentCounters:
 
 
 class NodeSampler:
-    """The per-node part of an agent: identity, sequence numbers and GPU telemetry.
+    """The per-node part of an agent: identity, sequence numbers, GPU telemetry and the
+    node's InfiniBand ports, all following the load its jobs put on it.
 
     ``seconds``: the time source telemetry evolves on (real seconds by default; a test
     on a fake clock passes the clock's, so a tick of a minute is a minute of telemetry).
+    Port counters start at zero with the sampler, as a boot resets them.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class NodeSampler:
         self._gpus: list[GpuTelemetry] = [
             initial_telemetry(self._model, rng=rng) for _ in instance.gpus
         ]
+        self._ports: list[IbPortTelemetry] = initial_ports()
         self._last_seq = 0
         self._last_sample_s: float | None = None
 
@@ -88,22 +93,34 @@ class NodeSampler:
         self._last_seq = seq
         return seq
 
+    @property
+    def ports(self) -> tuple[IbPortTelemetry, ...]:
+        """The node's InfiniBand ports as of the last sample."""
+        return tuple(self._ports)
+
     def sample(
         self,
         *,
-        busy: bool,
+        load: NodeLoad = IDLE,
         faults: Sequence[SimFault] = (),
         resetting: frozenset[int] = frozenset(),
     ) -> NodeReport:
-        """One report. GPUs in ``resetting`` are left out, as nvidia-smi shows a GPU
-        being reset: it is off the bus until the reset is done."""
+        """One report, with GPUs and ports moved on to now under ``load`` (the node's
+        jobs); ``faults`` override the readings where they apply. GPUs in ``resetting``
+        are left out, as nvidia-smi shows a GPU being reset: it is off the bus until the
+        reset is done."""
         now_s = self._seconds()
         elapsed = 10.0 if self._last_sample_s is None else max(0.0, now_s - self._last_sample_s)
         self._last_sample_s = now_s
         self._gpus = [
-            next_telemetry(g, model=self._model, busy=busy, elapsed_s=elapsed, rng=self._rng)
-            for g in self._gpus
+            next_telemetry(
+                g, model=self._model, load=load.gpus.get(i), elapsed_s=elapsed, rng=self._rng
+            )
+            for i, g in enumerate(self._gpus)
         ]
+        self._ports = next_ports(
+            self._ports, gbps=load.ib_gbps, faults=faults, elapsed_s=elapsed, rng=self._rng
+        )
         return NodeReport(
             seq=self._next_seq(),
             sampled_at=self._clock.now(),
@@ -161,12 +178,12 @@ class ReportSender:
         self._identity: NodeIdentity | None = sampler.identity()
 
     async def send_once(
-        self, *, busy: bool, faults: Sequence[SimFault], resetting: frozenset[int]
+        self, *, load: NodeLoad, faults: Sequence[SimFault], resetting: frozenset[int]
     ) -> bool:
         """Sample and send. Returns whether the server said commands wait for the node."""
         name = self._instance.node_name
         try:
-            self._unsent.append(self._sampler.sample(busy=busy, faults=faults, resetting=resetting))
+            self._unsent.append(self._sampler.sample(load=load, faults=faults, resetting=resetting))
             batch = ReportBatch(identity=self._identity, reports=list(self._unsent))
             ack = await self._client.send_reports(batch)
         except ServerUnreachable as exc:

@@ -70,6 +70,7 @@ class Workload:
         now: dt.datetime,
         rng: random.Random,
         name: str | None = None,
+        gpus: int | None = None,
     ) -> JobRecord:
         self.next_job_id += 1
         return JobRecord(
@@ -82,6 +83,7 @@ class Workload:
             gpus_per_node=gpus_per_node,
             submitted_at=now,
             duration_s=duration_s,
+            gpus=_partial(gpus, node_count * gpus_per_node),
         )
 
     def start(self, job: JobRecord, nodes: list[str], now: dt.datetime) -> None:
@@ -199,6 +201,7 @@ class Workload:
             while feed.next < len(feed.jobs) and feed.arrival(feed.next) <= now:
                 trace_job = feed.jobs[feed.next]
                 at = feed.arrival(feed.next)
+                nodes = nodes_for_gpus(trace_job.gpus, feed.gpus_per_node)
                 self.next_job_id += 1
                 job = JobRecord(
                     job_id=str(self.next_job_id),
@@ -206,10 +209,11 @@ class Workload:
                     user="trace",
                     account="demand",
                     cluster_id=feed.cluster_id,
-                    node_count=nodes_for_gpus(trace_job.gpus, feed.gpus_per_node),
+                    node_count=nodes,
                     gpus_per_node=feed.gpus_per_node,
                     submitted_at=at,
                     duration_s=trace_job.duration_s,
+                    gpus=_partial(trace_job.gpus, nodes * feed.gpus_per_node),
                 )
                 arrived.append((at, job))
                 feed.next += 1
@@ -390,6 +394,11 @@ class Workload:
         self.synthetic_off = {str(c) for c in raw.get("synthetic_off", [])}
         feeds = (DemandFeed.from_json(item) for item in raw.get("feeds", []))
         self.feeds = {f.feed_id: f for f in feeds}
+
+
+def _partial(gpus: int | None, whole: int) -> int | None:
+    """The GPUs a job asked for, kept only when fewer than its whole nodes hold."""
+    return gpus if gpus is not None and gpus < whole else None
 
 
 def nodes_for_gpus(gpus: int, gpus_per_node: int) -> int:

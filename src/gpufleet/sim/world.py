@@ -42,6 +42,7 @@ from gpufleet.core.gpu_models import GPU_MODELS
 from gpufleet.sim import faults as fm
 from gpufleet.sim.demand import TraceJob
 from gpufleet.sim.faults import FaultConfig, FaultModel
+from gpufleet.sim.load import JobShape, NodeLoad, node_load
 from gpufleet.sim.models import (
     BootPlan,
     SimGpu,
@@ -351,7 +352,9 @@ class SimWorld(WorldFaults):
             cluster_id: the cluster whose nodes run it.
             duration_s: how long it runs once started.
             gpus: GPUs it asks for; jobs take whole nodes, so it takes
-                ``ceil(gpus / gpus_per_node)`` of them. Give ``gpus`` or ``node_count``.
+                ``ceil(gpus / gpus_per_node)`` of them, but it loads only the GPUs it
+                asked for (the first of each node; the rest idle). Give ``gpus`` or
+                ``node_count``.
             node_count: whole nodes it asks for.
             gpus_per_node: the size of a node, for ``gpus`` and for the GPUs it shows while
                 queued; default the GPU count most of the cluster's nodes have.
@@ -388,6 +391,7 @@ class SimWorld(WorldFaults):
                 now=now or self._clock.now(),
                 rng=self._rng,
                 name=name,
+                gpus=gpus,
             )
             job.user, job.account = user, account
             job.requeueable = requeueable
@@ -482,7 +486,8 @@ class SimWorld(WorldFaults):
             return [j.snapshot() for j in self._workload.ended_since(since, ids)]
 
     def busy_instance_ids(self) -> frozenset[str]:
-        """Instances whose node runs a job now (their GPUs are busy)."""
+        """Instances whose node runs a job now (the job may use only some of its GPUs:
+        see ``node_loads``)."""
         with self._lock:
             out: set[str] = set()
             for cid, name in self._workload.busy:
@@ -490,6 +495,25 @@ class SimWorld(WorldFaults):
                 if iid is not None:
                     out.add(iid)
             return frozenset(out)
+
+    def node_loads(self) -> dict[str, NodeLoad]:
+        """What the running jobs put on each machine now, by instance id (idle machines
+        left out): the load of each GPU a job uses and the InfiniBand traffic it moves.
+        A job's kind comes from its name, its level from its id (``load.py``), so the
+        telemetry that follows is the same on every run of a seeded world."""
+        with self._lock:
+            out: dict[str, NodeLoad] = {}
+            for job in self._workload.running.values():
+                shape = JobShape(job.job_id, job.name, node_count=job.node_count, gpus=job.gpus)
+                for position, name in enumerate(job.nodes):
+                    iid = self._live.get(name, {}).get(job.cluster_id)
+                    if iid is None:
+                        continue
+                    gpu_count = self._instances[iid].gpu_count
+                    load = node_load(shape, position=position, gpu_count=gpu_count)
+                    if load.busy:
+                        out[iid] = load
+            return out
 
     @property
     def scheduler_available(self) -> bool:

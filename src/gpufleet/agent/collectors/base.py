@@ -36,6 +36,7 @@ class Sample:
     component: str | None = None  # "mlx5_0/1" for a port
     serial: str | None = None
     model: str | None = None
+    minor_number: int | None = None  # /dev/nvidia<N>: dcgm-exporter's `device` label
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ class _Gpu:
     pci: str | None
     serial: str | None
     model: str | None
+    minor: int | None = None
     unsupported: set[str] = field(default_factory=set)
     reset_required: bool = False
     nvlinks: list[int] | None = None  # links up when first seen
@@ -170,7 +171,16 @@ class NvmlCollector:
             )
         values = {k: v for k, v in values.items() if not k.startswith("_")}
         result.samples.append(
-            Sample("gpu", values, index, gpu.uuid, gpu.pci, serial=gpu.serial, model=gpu.model)
+            Sample(
+                "gpu",
+                values,
+                index,
+                gpu.uuid,
+                gpu.pci,
+                serial=gpu.serial,
+                model=gpu.model,
+                minor_number=gpu.minor,
+            )
         )
 
     def _gpu(self, index: int) -> _Gpu:
@@ -184,6 +194,8 @@ class NvmlCollector:
         pci = normalize_pci(_text(pci_info.busId)) if pci_info is not None else None
         serial = self._call(None, "serial", nvml.nvmlDeviceGetSerial, handle)
         name = self._call(None, "name", nvml.nvmlDeviceGetName, handle)
+        minor_fn = getattr(nvml, "nvmlDeviceGetMinorNumber", None)
+        minor = self._call(None, "minor", minor_fn, handle) if minor_fn is not None else None
         gpu = _Gpu(
             index,
             handle,
@@ -191,6 +203,7 @@ class NvmlCollector:
             pci,
             _text(serial) if serial is not None else None,
             _text(name) if name is not None else None,
+            int(minor) if isinstance(minor, int) else None,
         )
         self._gpus[index] = gpu
         return gpu

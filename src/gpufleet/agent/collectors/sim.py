@@ -1,8 +1,11 @@
 """Simulated GPUs for the demo and for nodes without NVIDIA hardware.
 
 Uses the simulator's telemetry model (``gpufleet.sim`` is a lower layer than the
-agent), so a demo agent's readings look like a real part's. Faults are not invented
-here: they come through the kernel-log file the agent follows (``gpufleet inject``).
+agent), the one the simulated fleet's agents report from, so a demo agent's readings
+look like a real part's and follow the load on it: ``load`` says what runs on the node
+(by default, with ``busy``, a training job on every GPU; without, an idle node). Faults
+are not invented here: they come through the kernel-log file the agent follows
+(``gpufleet inject``).
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from __future__ import annotations
 import datetime as dt
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpufleet.agent.collectors.base import CollectorResult, Condition, Sample
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.sim.load import IDLE, NodeLoad
 from gpufleet.sim.telemetry import (
+    BUSY,
     GpuTelemetry,
     gpu_model_or_default,
     initial_telemetry,
@@ -28,6 +34,8 @@ class SimCollector:
     model_name: str = DEFAULT_GPU_MODEL
     seed: int = 0
     busy: bool = True
+    # What runs on the node now; None: ``busy`` decides (every GPU, or none).
+    load: Callable[[], NodeLoad] | None = None
     name: str = "sim"
     _rng: random.Random = field(init=False)
     _state: list[GpuTelemetry] = field(init=False)
@@ -44,9 +52,10 @@ class SimCollector:
         model = gpu_model_or_default(self.model_name)
         elapsed = 1.0 if self._last is None else (now - self._last).total_seconds()
         self._last = now
+        gpus = self._load().gpus
         self._state = [
-            next_telemetry(t, model=model, busy=self.busy, elapsed_s=elapsed, rng=self._rng)
-            for t in self._state
+            next_telemetry(t, model=model, load=gpus.get(i), elapsed_s=elapsed, rng=self._rng)
+            for i, t in enumerate(self._state)
         ]
         result = CollectorResult()
         result.conditions.append(Condition("nvml_init_failed", False))
@@ -72,9 +81,17 @@ class SimCollector:
                     gpu_uuid=f"GPU-{self._uuids[i]}",
                     pci_bus_id=f"0000:{0x18 + 0x10 * i:02x}:00.0",
                     model=model.name,
+                    minor_number=i,
                 )
             )
         return result
+
+    def _load(self) -> NodeLoad:
+        if self.load is not None:
+            return self.load()
+        if not self.busy:
+            return IDLE
+        return NodeLoad(gpus=dict.fromkeys(range(self.gpus), BUSY))
 
     async def close(self) -> None:
         return None

@@ -32,6 +32,7 @@ from gpufleet.core.repair.policy import breaker_would_trip
 from gpufleet.core.transitions import REPAIR
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.metrics import observe_repair_step
 from gpufleet.server.services.audit import record_audit
 from gpufleet.server.services.auth import Caller, require
 from gpufleet.server.services.events import record_event
@@ -113,11 +114,13 @@ def switch_repair_status(
         node_id=repair.node_id,
         ids={"repair_id": repair.id},
     )
+    left, entered = repair.status, repair.step_started_at or repair.created_at
     if not transition(
         session, lifecycle=REPAIR, row=repair, subject=subject, target=target, actor=actor,
         reason=reason, now=now, source_ip=source_ip,
     ):  # fmt: skip
         return False
+    observe_repair_step(step=left, action=repair.action, seconds=(now - entered).total_seconds())
     repair.updated_at = now
     repair.step_started_at = now
     if target in _TERMINAL:

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -45,6 +46,7 @@ from gpufleet.core.ids import new_id
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.leases import acquire_lease, release_lease
 from gpufleet.server.db.tables import Base
+from gpufleet.server.metrics import observe_loop_pass
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +88,29 @@ class LoopService(ABC):
         return self._lease_token is not None
 
     async def run(self, stop: asyncio.Event) -> None:
+        due = time.monotonic()  # when this pass should start: lateness is the loop's lag
         try:
             while not stop.is_set():
+                started = time.monotonic()
+                result, ran = "standby", False
                 try:
                     if await self.holds_lease():
+                        ran = True
                         await self.run_once()
                         self.passes += 1
+                        result = "ok"
                 except Exception:  # one failing pass never kills the process
+                    result = "failed"
                     log.exception("loop %s: pass failed", self.name)
+                ended = time.monotonic()
+                observe_loop_pass(
+                    self.name,
+                    interval_s=self.interval_s,
+                    lag_s=started - due,
+                    duration_s=ended - started if ran else None,
+                    result=result,
+                )
+                due = ended + self.interval_s
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
         finally:
