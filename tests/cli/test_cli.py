@@ -415,10 +415,18 @@ def test_node_show_gpu_table(cli: Callable[..., Any]) -> None:
     assert json.loads(as_json.stdout)["gpus"][0]["uuid"] == GPU["uuid"]
 
 
-def test_node_show_by_name_needs_cluster(cli: Callable[..., Any], api: FakeApi) -> None:
+def test_node_show_by_a_name_unique_without_cluster(cli: Callable[..., Any], api: FakeApi) -> None:
     result = cli("nodes", "show", "node-1")
-    assert result.exit_code == 2
-    assert "--cluster" in result.stderr
+    assert result.exit_code == 0, result.output
+    assert "cluster" not in api.last("GET", "/api/v1/nodes").url.params
+
+    twin = {**NODE, "id": "0190a1b2-c3d4-7e5f-8a9b-00000000a002", "cluster_id": "c2"}
+    api.routes[("GET", "/api/v1/nodes")] = lambda _: page(NODE, twin)
+    ambiguous = cli("nodes", "show", "node-1")
+    assert ambiguous.exit_code == 2
+    said = " ".join(ambiguous.stderr.split())
+    assert "2 nodes are named 'node-1'" in said and "--cluster" in said
+    assert f"node-1 in cluster train-a ({NODE_ID})" in said and str(twin["id"]) in said
 
 
 def test_events_since_and_table(cli: Callable[..., Any], api: FakeApi) -> None:
@@ -481,8 +489,10 @@ def test_events_take_a_node_by_name_and_show_names(cli: Callable[..., Any], api:
     plain_run = cli("events", "--kind", "node.health")
     assert plain_run.exit_code == 0, plain_run.output
     assert "node-1" in plain_run.stdout and NODE_ID not in plain_run.stdout
-    refused = cli("events", "--node", "node-1")
-    assert refused.exit_code == 2 and "with --cluster" in refused.output
+    # A name unique among the caller's nodes needs no --cluster.
+    by_name = cli("events", "--node", "node-1")
+    assert by_name.exit_code == 0, by_name.output
+    assert api.last("GET", "/api/v1/events").url.params["node"] == NODE_ID
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from gpufleet.cli import config
-from gpufleet.cli.nodes import find_node
+from gpufleet.cli.node_ref import NODE_HELP, find_node
 from gpufleet.cli.output import OutputFormat, OutputOpt, emit, fmt_time, plain, print_table, table
 from gpufleet.cli.paging import collect
 from gpufleet.client.api import ApiClient
@@ -84,9 +84,7 @@ def list_events(
     project: Annotated[
         str | None, typer.Option("--project", "-p", help="Project id or name.")
     ] = None,
-    node: Annotated[
-        str | None, typer.Option("--node", help="Node id, or its name with --cluster.")
-    ] = None,
+    node: Annotated[str | None, typer.Option("--node", help=NODE_HELP)] = None,
     kind: Annotated[str | None, typer.Option(help="Event kind, e.g. node.health.")] = None,
     since: Annotated[
         str | None, typer.Option(help="ISO 8601 time, or a span back from now: 15m, 2h, 7d.")

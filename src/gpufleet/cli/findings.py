@@ -8,7 +8,7 @@ import typer
 from rich.text import Text
 
 from gpufleet.cli import config
-from gpufleet.cli.nodes import find_node
+from gpufleet.cli.node_ref import NODE_HELP, find_node
 from gpufleet.cli.output import (
     SEVERITY_STYLES,
     OutputFormat,
@@ -32,9 +32,7 @@ def list_findings(
     project: Annotated[
         str | None, typer.Option("--project", "-p", help="Project to find the cluster in.")
     ] = None,
-    node: Annotated[
-        str | None, typer.Option("--node", "-n", help="Node id, or its name with --cluster.")
-    ] = None,
+    node: Annotated[str | None, typer.Option("--node", "-n", help=NODE_HELP)] = None,
     signature: Annotated[str | None, typer.Option(help="Only this signature id.")] = None,
     open_only: Annotated[
         bool, typer.Option("--open/--all", help="Open findings only (default), or all.")

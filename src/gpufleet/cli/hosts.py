@@ -9,6 +9,7 @@ import typer
 
 from gpufleet.cli import config
 from gpufleet.cli.inventory_file import read_inventory
+from gpufleet.cli.node_ref import NodeArg, find_node
 from gpufleet.cli.output import (
     OutputFormat,
     OutputOpt,
@@ -99,12 +100,16 @@ def show_host(
 def bind_host(
     ctx: typer.Context,
     host: HostArg,
-    node_id: Annotated[str, typer.Argument(help="Node id.")],
+    node: NodeArg,
     project: ProjectOpt,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", "-c", help="Cluster to find the node name in.")
+    ] = None,
     output: OutputOpt = OutputFormat.TABLE,
 ) -> None:
     """Record that a node runs on this host (also done when its agent reports the hostname)."""
     with config.client_for(ctx) as client:
+        node_id = find_node(client, node, cluster=cluster, project=project).id
         bound = client.bind_host(project, host, node_id=node_id)
     emit(output, bound, _render_one)
 

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from gpufleet.cli import config
 from gpufleet.cli.errors import CliError
-from gpufleet.cli.nodes import find_node
+from gpufleet.cli.node_ref import NODE_HELP, find_node
 from gpufleet.cli.output import (
     SEVERITY_STYLES,
     OutputFormat,
@@ -83,9 +83,7 @@ def inject(
     signature: Annotated[
         str, typer.Option("--signature", "-s", help="Catalog signature id, e.g. xid-79.")
     ],
-    node: Annotated[
-        str | None, typer.Option("--node", "-n", help="Node id, or its name with --cluster.")
-    ] = None,
+    node: Annotated[str | None, typer.Option("--node", "-n", help=NODE_HELP)] = None,
     gpu: Annotated[
         int | None, typer.Option("--gpu", min=0, max=63, help="GPU index (default: any).")
     ] = None,
@@ -126,7 +124,7 @@ def inject(
             note(f"appended to {log}:\n{line}")
         return
     if node is None:
-        raise CliError("give --node (with --cluster for a node name), or --log PATH")
+        raise CliError("give --node (its name or id), or --log PATH")
     with config.client_for(ctx) as client:
         target = find_node(client, node, cluster=cluster, project=project)
         if clear:

@@ -10,6 +10,7 @@ same), in the order ``--help`` lists them.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -174,4 +175,8 @@ def _global(
 
 
 def run() -> None:
+    # httpx loads its own command line (click, rich, pygments: 20-50 ms) unless that
+    # import fails, which it then shrugs off; gpufleet never runs it. Only here, in the
+    # program's entry point, so an importer of this module keeps httpx whole.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]  # None: "cannot import"
     app()

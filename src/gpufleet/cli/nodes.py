@@ -13,6 +13,7 @@ from rich.text import Text
 
 from gpufleet.cli import config
 from gpufleet.cli.errors import CliError
+from gpufleet.cli.node_ref import NodeArg, find_node
 from gpufleet.cli.output import (
     OutputFormat,
     OutputOpt,
@@ -30,9 +31,8 @@ from gpufleet.cli.output import (
 )
 from gpufleet.cli.paging import collect
 from gpufleet.client.api import ApiClient
-from gpufleet.core.agent_protocol import MAX_GPUS_PER_NODE
 from gpufleet.core.enums import Health, NodeState
-from gpufleet.core.ids import is_id
+from gpufleet.core.limits import MAX_GPUS_PER_NODE
 from gpufleet.core.models import Gpu, Node, NodeAction, NodeActionResult, Page
 
 app = typer.Typer(help="Nodes and their GPUs.", no_args_is_help=True)
@@ -131,19 +131,6 @@ def _cluster_id(client: ApiClient, ref: str | None, project: str | None) -> str 
     return None if ref is None else client.find_cluster(ref, project=project).id
 
 
-def find_node(client: ApiClient, ref: str, *, cluster: str | None, project: str | None) -> Node:
-    """A node by id; or by name (or hostname, or scheduler name) within ``--cluster``."""
-    if is_id(ref):
-        return client.get_node(ref)
-    cluster_id = _cluster_id(client, cluster, project)
-    if cluster_id is None:
-        raise CliError(f"{ref!r} is not a node id; pass the id, or the name with --cluster")
-    for node in client.iter_nodes(cluster=cluster_id):
-        if ref in (node.name, node.hostname, node.scheduler_name):
-            return client.get_node(node.id)
-    raise CliError(f"no node named {ref!r} in cluster {cluster!r}")
-
-
 @app.command("list")
 def list_nodes(
     ctx: typer.Context,
@@ -175,7 +162,7 @@ def list_nodes(
 @app.command("show")
 def show_node(
     ctx: typer.Context,
-    ref: Annotated[str, typer.Argument(help="Node id, or its name with --cluster.")],
+    ref: NodeArg,
     cluster: ClusterOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
@@ -189,7 +176,7 @@ def show_node(
 @app.command("token")
 def node_token(
     ctx: typer.Context,
-    ref: Annotated[str, typer.Argument(help="Node id, or its name with --cluster.")],
+    ref: NodeArg,
     cluster: ClusterOpt = None,
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
@@ -223,7 +210,6 @@ ForceOpt = Annotated[
         "them, however long).",
     ),
 ]
-NodeRef = Annotated[str, typer.Argument(help="Node id, or its name with --cluster.")]
 
 
 def stdin_is_terminal() -> bool:
@@ -297,7 +283,7 @@ def _render_action(action: NodeAction) -> Callable[[NodeActionResult], None]:
 def _hold_command(action: NodeAction, doc: str) -> None:
     def command(
         ctx: typer.Context,
-        ref: NodeRef,
+        ref: NodeArg,
         reason: ReasonOpt,
         cluster: ClusterOpt = None,
         project: ProjectOpt = None,
@@ -317,7 +303,7 @@ _hold_command(NodeAction.DRAIN, "Cordon a node and let its jobs finish; none is 
 def _repair_command(action: NodeAction, doc: str) -> None:
     def command(
         ctx: typer.Context,
-        ref: NodeRef,
+        ref: NodeArg,
         reason: ReasonOpt,
         cluster: ClusterOpt = None,
         project: ProjectOpt = None,
@@ -353,7 +339,7 @@ _repair_command(
 @app.command("reset-gpu")
 def reset_gpu(
     ctx: typer.Context,
-    ref: NodeRef,
+    ref: NodeArg,
     reason: ReasonOpt,
     gpu: Annotated[
         int | None,

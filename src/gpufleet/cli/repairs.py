@@ -14,7 +14,8 @@ from rich.text import Text
 
 from gpufleet.cli import config
 from gpufleet.cli.errors import CliError
-from gpufleet.cli.nodes import confirm, find_node
+from gpufleet.cli.node_ref import NODE_HELP, find_node
+from gpufleet.cli.nodes import confirm
 from gpufleet.cli.output import (
     SEVERITY_STYLES,
     OutputFormat,
@@ -31,7 +32,7 @@ from gpufleet.cli.output import (
     table,
 )
 from gpufleet.cli.paging import collect
-from gpufleet.client.api import REPLAY, policy_json
+from gpufleet.client.api import policy_json, replay_adapter
 from gpufleet.core.enums import RepairAction, RepairStatus
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Page, Repair
@@ -265,9 +266,7 @@ def list_repairs(
     project: Annotated[
         str | None, typer.Option("--project", "-p", help="Project to find the cluster in.")
     ] = None,
-    node: Annotated[
-        str | None, typer.Option("--node", "-n", help="Node id, or its name with --cluster.")
-    ] = None,
+    node: Annotated[str | None, typer.Option("--node", "-n", help=NODE_HELP)] = None,
     status: Annotated[
         list[RepairStatus] | None,
         typer.Option(case_sensitive=False, help="Only these statuses; repeatable. Implies --all."),
@@ -433,7 +432,7 @@ def replay_policy(
             project, days=days, cluster_id=cluster_id, policy=policy
         )
     if output is OutputFormat.JSON:
-        print_data(REPLAY.dump_python(report, mode="json"))
+        print_data(replay_adapter().dump_python(report, mode="json"))
     else:
         _render_replay(report)
 

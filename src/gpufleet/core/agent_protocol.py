@@ -16,8 +16,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpufleet.core.enums import FindingSource, Severity
+from gpufleet.core.limits import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE  # re-exported
 
-MAX_GPUS_PER_NODE = 64
 MAX_REPORTS_PER_BATCH = 500
 MAX_EVIDENCE_CHARS = 4000  # a finding's evidence
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"

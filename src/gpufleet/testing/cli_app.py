@@ -78,7 +78,13 @@ class InProcessCli:
 
 
 async def ready_cluster(
-    app: RunningApp, *, project: str, name: str, scheduler: str = "sim", size: int = 1
+    app: RunningApp,
+    *,
+    project: str,
+    name: str,
+    scheduler: str = "sim",
+    size: int = 1,
+    node_prefix: str | None = None,
 ) -> dict[str, Any]:
     """A cluster on the sim provider, made ready by the provisioning loop alone (no other
     loop runs: a Slurm cluster's would look for a Slurm). Its project must exist."""
@@ -91,6 +97,7 @@ async def ready_cluster(
             "provider": "sim",
             "size": size,
             "acceptance_tests": False,
+            "node_prefix": node_prefix,
         },
     )
     if created.status_code != 201:

@@ -2,19 +2,11 @@
 
 Speed comes from the prefilter. Every kernel-log rule names literals one of which a
 matching line must contain ("NVRM", "SXid", ...). ``KernelLogMatcher.feed_bytes`` finds
-those literals over whole chunks (:func:`find_candidates`) and only the lines that hold
-one are decoded, stripped of their prefix and given to the regexes. Rules that share a
-pattern (all Xids, all SXids) run that regex once per line and dispatch on the captured
-code.
-
-Finding the literals is most of the cost on a big log, and ``bytes.find`` of a 4-byte
-needle runs at about a byte a cycle, once per literal. So on a big chunk each literal
-is *anchored* on its rarest byte (counted in a sample of the chunk): ``bytes.find`` of
-one byte is ``memchr``, many times faster, and each anchor hit is checked with
-``startswith`` for every literal sharing that anchor. A literal whose rarest byte is
-common in the chunk (``peermem``: only lowercase letters) keeps a plain ``find`` pass;
-an anchor that turns out commoner than the sample said falls back to ``find`` mid-chunk.
-Either way the candidate lines are exactly the lines holding a literal.
+those literals over whole chunks (:func:`find_candidates`, with the engine of
+:mod:`gpufleet.core.signatures.prefilter`: Hyperscan, or ``bytes.find`` passes without
+it) and only the lines that hold one are decoded, stripped of their prefix and given to
+the regexes. Rules that share a pattern (all Xids, all SXids) run that regex once per
+line and dispatch on the captured code.
 
 Multi-line messages (fallen off the bus at probe, API mismatch) open a window at their
 ``start`` line; the next candidate lines (lines that pass the prefilter) are joined to
@@ -33,6 +25,7 @@ from gpufleet.core.enums import RepairAction, Severity
 from gpufleet.core.kernel_log import LogLine, parse_line
 from gpufleet.core.signatures.catalog import get_catalog
 from gpufleet.core.signatures.models import Catalog, KernelLogRule, Signature
+from gpufleet.core.signatures.prefilter import Engine, LineFinder, make_line_finder
 
 # Identity, not a signature: the driver prints it before most Xids.
 _UUID_LINE = re.compile(r"NVRM: GPU at PCI:([0-9a-fA-F:.]+): (GPU-[0-9a-fA-F-]{36})")
@@ -101,7 +94,7 @@ class _Rule:
         return self.sig.severity, self.sig.action
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: ``in`` must not compare whole signatures
 class _Group:
     """Rules that share one regex: run it once, then dispatch on the code it captured."""
 
@@ -124,7 +117,7 @@ class _Group:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _MultiRule:
     rule: _Rule
     start: re.Pattern[str]
@@ -144,7 +137,7 @@ class _Pending:
 class _Program:
     """The catalog's kernel-log rules, compiled; immutable and shared by matchers."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, engine: Engine = "auto") -> None:
         groups: dict[str, _Group] = {}
         self.by_token: dict[str, list[_Group | _MultiRule]] = {}
         for sig in catalog.signatures:
@@ -190,23 +183,7 @@ class _Program:
         self.btokens: tuple[bytes, ...] = tuple(t.encode() for t in self.tokens)
         if any(b"\n" in t or not t for t in self.btokens):
             raise ValueError("kernel-log prefilter literals must be non-empty, one line")
-        self.token_bytes: tuple[int, ...] = tuple(sorted({b for t in self.btokens for b in t}))
-
-    def plan(
-        self, sample: bytes
-    ) -> tuple[list[tuple[bytes, list[tuple[bytes, int]]]], list[bytes]]:
-        """How to find the literals in a chunk like ``sample``: anchored or plain passes."""
-        size = max(len(sample), 1)
-        rate = {b: sample.count(b) / size for b in self.token_bytes}
-        anchored: dict[int, list[tuple[bytes, int]]] = {}
-        plain: list[bytes] = []
-        for token in self.btokens:
-            best = min(range(len(token)), key=lambda k: rate[token[k]])
-            if rate[token[best]] <= _ANCHOR_MAX_RATE:
-                anchored.setdefault(token[best], []).append((token, best))
-            else:
-                plain.append(token)
-        return [(bytes([b]), entries) for b, entries in anchored.items()], plain
+        self.finder: LineFinder = make_line_finder(self.btokens, engine)
 
     def targets(self, line: str) -> list[_Group | _MultiRule]:
         out: list[_Group | _MultiRule] = []
@@ -216,59 +193,6 @@ class _Program:
                     if target not in out:
                         out.append(target)
         return out
-
-
-# Chunks up to this size are searched with one find pass per literal (no sampling).
-_SMALL_CHUNK = 1 << 16
-_SAMPLE = 8192
-# Anchor hits per byte above which a plain find pass is cheaper: a hit costs ~200 ns of
-# interpreter time, a find pass ~0.7 ns a byte, a memchr pass ~0.1 ns a byte.
-_ANCHOR_MAX_RATE = 1 / 400
-
-
-def _plain_starts(buf: bytes, token: bytes, begin: int, end: int, starts: set[int]) -> None:
-    find, rfind = buf.find, buf.rfind
-    i = find(token, begin, end)
-    while i != -1:
-        starts.add(rfind(b"\n", 0, i) + 1)
-        i = find(b"\n", i, end)
-        i = -1 if i == -1 else find(token, i, end)
-
-
-def _anchored_starts(
-    buf: bytes, anchor: bytes, entries: list[tuple[bytes, int]], end: int, starts: set[int]
-) -> None:
-    find, rfind, startswith = buf.find, buf.rfind, buf.startswith
-    # Past this many hits the sample misjudged the chunk: plain passes finish it from
-    # the last hit on (a literal starting before ``i - offset`` had its anchor before i).
-    limit = int(end * _ANCHOR_MAX_RATE * 4) + 64
-    hits = 0
-    i = find(anchor, 0, end)
-    if len(entries) == 1:
-        [(token, offset)] = entries
-        while i != -1:
-            hits += 1
-            if startswith(token, i - offset) and i >= offset:
-                starts.add(rfind(b"\n", 0, i) + 1)
-                i = find(b"\n", i, end)
-            elif hits > limit:
-                break
-            i = find(anchor, i + 1, end)
-    else:
-        while i != -1:
-            hits += 1
-            for token, offset in entries:
-                if startswith(token, i - offset) and i >= offset:
-                    starts.add(rfind(b"\n", 0, i) + 1)
-                    i = find(b"\n", i, end)
-                    break
-            else:
-                if hits > limit:
-                    break
-            i = find(anchor, i + 1, end)
-    if i != -1:
-        for token, offset in entries:
-            _plain_starts(buf, token, max(0, i - offset), end, starts)
 
 
 def find_candidates(
@@ -281,37 +205,27 @@ def find_candidates(
     """
     prog = program if program is not None else _program(None)
     end = len(buf) if end is None else end
-    starts: set[int] = set()
-    if end <= _SMALL_CHUNK:
-        for token in prog.btokens:
-            _plain_starts(buf, token, 0, end, starts)
-    else:
-        mid = end // 2
-        anchored, plain = prog.plan(buf[mid : mid + _SAMPLE])
-        for anchor, entries in anchored:
-            _anchored_starts(buf, anchor, entries, end, starts)
-        for token in plain:
-            _plain_starts(buf, token, 0, end, starts)
     lines: list[tuple[int, bytes]] = []
     pos, number = 0, 0
     count, find = buf.count, buf.find
-    for start in sorted(starts):
+    for start in prog.finder.line_starts(buf, end):
         number += count(b"\n", pos, start)
         lines.append((number + 1, buf[start : find(b"\n", start, end)]))
         pos = start
     return lines, number + count(b"\n", pos, end)
 
 
-# Compiled programs by catalog identity. The catalog is kept alongside so its id cannot
-# be reused by another object while the entry exists (catalogs hold dicts: unhashable).
-_programs: dict[int, tuple[Catalog, _Program]] = {}
+# Compiled programs by catalog identity and engine. The catalog is kept alongside so its
+# id cannot be reused by another object while the entry exists (catalogs hold dicts:
+# unhashable).
+_programs: dict[tuple[int, Engine], tuple[Catalog, _Program]] = {}
 
 
-def _program(catalog: Catalog | None) -> _Program:
+def _program(catalog: Catalog | None, engine: Engine = "auto") -> _Program:
     cat = catalog if catalog is not None else get_catalog()
-    hit = _programs.get(id(cat))
+    hit = _programs.get((id(cat), engine))
     if hit is None:
-        hit = _programs[id(cat)] = (cat, _Program(cat))
+        hit = _programs[id(cat), engine] = (cat, _Program(cat, engine))
     return hit[1]
 
 
@@ -323,7 +237,8 @@ class KernelLogMatcher:
     the open multi-line windows and the PCI → GPU UUID map the driver prints.
 
     ``gpu_indexes`` maps PCI addresses (any spelling) to GPU indexes; the agent knows
-    it from NVML, and matches then carry ``gpu_index``.
+    it from NVML, and matches then carry ``gpu_index``. ``engine`` picks the prefilter
+    (:mod:`gpufleet.core.signatures.prefilter`); every engine gives the same matches.
     """
 
     def __init__(
@@ -332,8 +247,9 @@ class KernelLogMatcher:
         *,
         gpu_indexes: Mapping[str, int] | None = None,
         year: int | None = None,
+        engine: Engine = "auto",
     ) -> None:
-        self._program = _program(catalog)
+        self._program = _program(catalog, engine)
         self._year = year
         self._indexes = {
             p: i for raw, i in (gpu_indexes or {}).items() if (p := normalize_pci(raw))
