@@ -25,12 +25,11 @@ same one the simulated ``ib_write_bw`` finds slow):
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpufleet.sim.faults import SimFault, hca_index
+from gpufleet.sim.faults import SimFault, hca_index, poisson
 
 NICS_PER_NODE = 8
 LINE_RATE_GBPS = 400.0
@@ -116,18 +115,6 @@ def initial_ports(*, nics: int = NICS_PER_NODE) -> list[IbPortTelemetry]:
     ]
 
 
-def _poisson(lam: float, rng: random.Random) -> int:
-    if lam <= 0:
-        return 0
-    if lam > 30:
-        return max(0, round(rng.gauss(lam, math.sqrt(lam))))
-    limit, k, p = math.exp(-lam), 0, rng.random()
-    while p > limit:
-        k += 1
-        p *= rng.random()
-    return k
-
-
 def _faults_by_hca(faults: Sequence[SimFault], nics: int) -> dict[int, set[str]]:
     out: dict[int, set[str]] = {}
     for fault in faults:
@@ -163,7 +150,7 @@ def next_ports(
             errors["link_downed"] += 1  # the drop itself, counted once
         for sig in sigs:
             for counter, per_h in _ERROR_RATES_PER_H.get(sig, {}).items():
-                errors[counter] += _poisson(per_h * elapsed / 3600.0, rng)
+                errors[counter] += poisson(per_h * elapsed / 3600.0, rng)
         updated = replace(
             port,
             state=state,

@@ -308,7 +308,8 @@ def trim(faults: list[SimFault]) -> list[SimFault]:
     return [f for f in faults if f.active or f.fault_id in keep]
 
 
-def _poisson(lam: float, rng: random.Random) -> int:
+def poisson(lam: float, rng: random.Random) -> int:
+    """A Poisson draw (a normal one past lam 30)."""
     if lam <= 0:
         return 0
     if lam > 30:
@@ -347,7 +348,7 @@ class FaultModel:
         days = (now - last).total_seconds() / 86400.0
         out: list[DrawnFault] = []
         for instance_id, gpus in machines:
-            for _ in range(_poisson(rate * gpus * days, rng)):
+            for _ in range(poisson(rate * gpus * days, rng)):
                 entry = rng.choices(self.config.mix, weights=self._weights)[0]
                 signature = signature_or_error(entry.signature_id)
                 gpu = rng.randrange(gpus) if is_gpu_scoped(signature) and gpus else None
