@@ -33,6 +33,15 @@ UNTYPED_ALLOWED: dict[tuple[str, str], str] = {
     ("GET", f"{API}/acceptance/{{acceptance_id}}/report.html"): "an HTML page",
     # A raw output stream as text/plain.
     ("GET", f"{API}/checks/{{check_id}}/output"): "text/plain",
+    # Prometheus's own answer, passed through (the per-project query proxy).
+    **{
+        (method, f"{API}/projects/{{project_ref}}/prometheus/api/v1/{endpoint}"): "Prometheus JSON"
+        for endpoint in ("query", "query_range", "series", "labels")
+        for method in ("GET", "POST")
+    },
+    ("GET", f"{API}/projects/{{project_ref}}/prometheus/api/v1/label/{{label_name}}/values"): (
+        "Prometheus JSON"
+    ),
 }
 
 

@@ -230,6 +230,20 @@ ROUTES: dict[tuple[str, str], Rule] = {
         P.CLUSTER_CREATE, body=lambda _w, _v: {"action": "resume", "nodes": ["c-900"]}
     ),
     ("GET", "/api/v1/nodes"): Rule(P.NODE_READ, query=_cluster_filter),
+    # Prometheus: service discovery (the scrape token, or the owner).
+    ("GET", "/api/v1/prometheus/targets"): Rule(P.METRICS_READ),
+    # The per-project query proxy: any member. No Prometheus is configured here, so the
+    # allowed caller's answer is a 503 (label values: 400 for a name Prometheus refuses).
+    **{
+        (method, f"/api/v1/projects/{{project_ref}}/prometheus/api/v1/{endpoint}"): Rule(
+            P.PROJECT_READ, query=lambda _w, _v: {"query": "up", "match[]": "up"}
+        )
+        for endpoint in ("query", "query_range", "series", "labels")
+        for method in ("GET", "POST")
+    },
+    ("GET", "/api/v1/projects/{project_ref}/prometheus/api/v1/label/{label_name}/values"): Rule(
+        P.PROJECT_READ
+    ),
     ("GET", "/api/v1/nodes/{node_id}"): Rule(P.NODE_READ),
     ("POST", "/api/v1/nodes/{node_id}/faults"): Rule(
         P.NODE_ACTION, body=lambda _w, _v: {"signature": "thermal-slowdown", "gpu_index": 1}
@@ -444,6 +458,7 @@ async def _path(w: World, template: str, rule: Rule) -> tuple[str, dict[str, str
         "signature": "thermal-slowdown",
         "credential_ref": w.a.credential,
         "host_ref": w.a.host,
+        "label_name": "job",
     }
     if rule.fresh is not None:
         values.update(await rule.fresh(w))

@@ -83,6 +83,11 @@ COMMANDS: dict[str, Entry] = {
         "acceptance", "app",
         "Acceptance tests: the suite a cluster passes before it is ready, and its reports.",
     ),
+    "dashboards": Entry(
+        "dashboards", "app",
+        "Grafana dashboards as code: fleet, GPUs, InfiniBand/NICs, storage, scheduling.",
+    ),
+    "grafana": Entry("grafana", "app", "Provision Grafana: one organisation per project."),
 }  # fmt: skip
 
 

@@ -49,6 +49,7 @@ from gpufleet.server.routers import (
     nodes,
     probes,
     projects,
+    prometheus,
     providers,
     repairs,
     tokens,
@@ -230,6 +231,8 @@ def _route_table() -> tuple[BaseRoute, ...]:
         autoscale,
     ):
         api.include_router(module.router)
+    api.include_router(metrics.api_router)  # Prometheus's service discovery
+    api.include_router(prometheus.router)  # the per-project query proxy
     scratch.include_router(probes.router)
     scratch.include_router(metrics.router)  # GET /metrics, for Prometheus
     scratch.include_router(api)

@@ -291,6 +291,43 @@ class ServerSettings(BaseSettings):
             "day's mix of reboots and reinstalls and still shows a change within days."
         ),
     )
+    # -- Prometheus per project and Grafana (docs/grafana.md) ---------------------------
+    agent_metrics_port: int = Field(
+        default=9404,
+        ge=1,
+        le=65535,
+        description=(
+            "Port of the agents' /metrics (the agent's `metrics_listen`, default 9404): "
+            "the HTTP service discovery at /api/v1/prometheus/targets lists each node's "
+            "hostname with it. One port for the fleet: the node row keeps no port."
+        ),
+    )
+    prometheus_url: str | None = Field(
+        default=None,
+        description=(
+            "Base URL of the Prometheus that scrapes the agents (e.g. "
+            "http://prometheus:9090). The per-project query proxy "
+            "(/api/v1/projects/{project}/prometheus/api/v1/...) forwards there with every "
+            "selector forced to the project. Unset: the proxy answers 503."
+        ),
+    )
+    prometheus_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "Seconds the query proxy waits for Prometheus: Prometheus's own default "
+            "query timeout is 2 min, but a dashboard panel waiting longer is worse than "
+            "an error."
+        ),
+    )
+    grafana_url: str | None = Field(
+        default=None,
+        description=(
+            "Base URL of the Grafana that `gpufleet grafana sync` provisions (one "
+            "organisation per project), for the console's links to a project's dashboards "
+            "(not wired yet: docs/grafana.md). Unset: no links."
+        ),
+    )
     # -- credentials at rest (docs/providers-inventory.md) ----------------------------
     secret_key: SecretStr | None = Field(
         default=None,

@@ -38,6 +38,8 @@ class ScrapeJob:
     token_file: Path | None = None
     metrics_path: str = "/metrics"
     interval_s: float = 1.0
+    # Target labels every scraped series gets (as a service discovery would set them).
+    labels: tuple[tuple[str, str], ...] = ()
 
     def as_config(self) -> dict[str, Any]:
         job: dict[str, Any] = {
@@ -45,7 +47,7 @@ class ScrapeJob:
             "metrics_path": self.metrics_path,
             "scrape_interval": f"{self.interval_s:g}s",
             "scrape_timeout": f"{self.interval_s:g}s",
-            "static_configs": [{"targets": [self.target]}],
+            "static_configs": [{"targets": [self.target], "labels": dict(self.labels)}],
         }
         if self.token_file is not None:
             job["authorization"] = {"type": "Bearer", "credentials_file": str(self.token_file)}

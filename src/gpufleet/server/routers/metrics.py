@@ -15,7 +15,10 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import CtxDep, Guard
+from gpufleet.server.schemas.prometheus import ScrapeTargetGroup
+from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.metrics import render_metrics, scrape_token_matches
+from gpufleet.server.services.prometheus_targets import list_scrape_targets
 
 router = APIRouter(tags=["metrics"])
 
@@ -44,3 +47,31 @@ async def metrics(_reader: Annotated[str, Depends(metrics_reader)], ctx: CtxDep)
         ingest=ctx.ingest.stats,
     )
     return Response(content=body, media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+
+class ScrapeTokenOrOwner(Guard):
+    """``metrics.read`` (the owner), or the scrape token: what /metrics accepts, as the
+    route's one guard. The scrape token resolves to no Caller: the route gets None."""
+
+    async def __call__(self, request: Request, ctx: CtxDep) -> Caller | None:  # type: ignore[override]
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        token = token.strip()
+        scrape = scheme.lower() == "bearer" and token != ""
+        if scrape and scrape_token_matches(ctx.settings.metrics_token_file, token):
+            return None
+        return await super().__call__(request, ctx)
+
+
+# Under /api/v1 (the API's error shapes and the route matrix); /metrics itself stays at
+# the root where Prometheus expects it.
+api_router = APIRouter(prefix="/prometheus", tags=["metrics"])
+
+
+@api_router.get("/targets")
+async def list_prometheus_targets(
+    _caller: Annotated[Caller | None, Depends(ScrapeTokenOrOwner(Permission.METRICS_READ))],
+    ctx: CtxDep,
+) -> list[ScrapeTargetGroup]:
+    """Prometheus HTTP service discovery (``http_sd_configs``): every node whose agent
+    runs, as ``hostname:agent_metrics_port`` labelled project, cluster and node."""
+    return await list_scrape_targets(ctx.db, port=ctx.settings.agent_metrics_port)

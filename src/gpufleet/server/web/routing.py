@@ -45,11 +45,30 @@ def render_page(
 ) -> Response:
     """Render a page; the one-time flash message (if any) is shown and cleared."""
     flash = take_flash(request)
-    body = render_text(template, {"request": request, "flash": flash, **context})
+    body = render_text(
+        template,
+        {"request": request, "flash": flash, "dashboards_url": _dashboards_url(request), **context},
+    )
     response = html_response(request, body, status_code=status_code)
     if flash is not None:
         response.delete_cookie("gpufleet_flash", path="/")
     return response
+
+
+# The folder ``gpufleet grafana sync`` makes in each project's organisation
+# (gpufleet.grafana.sync.FOLDER_UID; tests/web/test_grafana_link.py holds them equal).
+DASHBOARD_FOLDER_UID = "gpufleet"
+
+
+def _dashboards_url(request: Request) -> str | None:
+    """The projects' Grafana dashboards (``gpufleet grafana sync`` puts each project's in
+    the folder ``gpufleet`` of its own organisation), when a Grafana is configured. Grafana
+    opens the folder in the viewer's current organisation: their project's, for a member
+    of one project."""
+    grafana: str | None = request.app.state.ctx.settings.grafana_url
+    if not grafana:
+        return None
+    return f"{grafana.rstrip('/')}/dashboards/f/{DASHBOARD_FOLDER_UID}/"
 
 
 def error_page(request: Request, *, status_code: int, message: str, back: str = "") -> Response:
