@@ -99,7 +99,7 @@ def wait_serving(port: int, *, timeout_s: float = 20) -> None:
         except httpx.TransportError:
             pass
         assert time.monotonic() < deadline, f"no agent on port {port}"
-        time.sleep(0.1)
+        time.sleep(0.1)  # real sleep: a real agent process starting
 
 
 def wait(api: httpx.Client, path: str, ok: Any, *, timeout_s: float = 30) -> Any:
@@ -109,7 +109,7 @@ def wait(api: httpx.Client, path: str, ok: Any, *, timeout_s: float = 30) -> Any
         if ok(body):
             return body
         assert time.monotonic() < deadline, f"{path}: {json.dumps(body)[:2000]}"
-        time.sleep(0.2)
+        time.sleep(0.2)  # real sleep: a real server process moving
 
 
 def test_every_panel_has_data(tmp_path: Path, prometheus: PrometheusServer) -> None:
@@ -221,7 +221,7 @@ def test_every_panel_has_data(tmp_path: Path, prometheus: PrometheusServer) -> N
         ):
             prometheus.wait_for(series, timeout_s=40)
         prometheus.wait_for("count(up == 1) == 4", timeout_s=20)
-        time.sleep(2)  # a second sample of each new counter, for rate()
+        time.sleep(2)  # real sleep: a second scrape of each new counter, for rate()
 
         failures: list[str] = []
         exempt_seen: set[str] = set()

@@ -28,9 +28,9 @@ ROLES = frozenset({"Viewer", "Editor", "Admin", "None"})
 
 
 class _Reject(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
-        self.status = status
+        self.code = code  # the HTTP status Grafana answers
         self.message = message
 
 
@@ -95,7 +95,7 @@ class GrafanaStandIn:
                 raise _Reject(401, "invalid username or password")
             status, body = self._route(request)
         except _Reject as rejected:
-            return httpx.Response(rejected.status, json={"message": rejected.message})
+            return httpx.Response(rejected.code, json={"message": rejected.message})
         return httpx.Response(status, json=body)
 
     def _body(self, request: httpx.Request) -> Any:

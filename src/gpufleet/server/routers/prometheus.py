@@ -62,24 +62,28 @@ async def _answer(
     return Response(answer.body, status_code=answer.status_code, media_type=answer.content_type)
 
 
-@router.api_route("/query", methods=["GET", "POST"], response_class=Response)
+@router.get("/query", response_class=Response, operation_id="prometheus_query_get")
+@router.post("/query", response_class=Response, operation_id="prometheus_query_post")
 async def query(project_ref: str, request: Request, caller: ReaderDep, ctx: CtxDep) -> Response:
     return await _answer(request, ctx, caller, project_ref=project_ref, endpoint="query")
 
 
-@router.api_route("/query_range", methods=["GET", "POST"], response_class=Response)
+@router.get("/query_range", response_class=Response, operation_id="prometheus_query_range_get")
+@router.post("/query_range", response_class=Response, operation_id="prometheus_query_range_post")
 async def query_range(
     project_ref: str, request: Request, caller: ReaderDep, ctx: CtxDep
 ) -> Response:
     return await _answer(request, ctx, caller, project_ref=project_ref, endpoint="query_range")
 
 
-@router.api_route("/series", methods=["GET", "POST"], response_class=Response)
+@router.get("/series", response_class=Response, operation_id="prometheus_series_get")
+@router.post("/series", response_class=Response, operation_id="prometheus_series_post")
 async def series(project_ref: str, request: Request, caller: ReaderDep, ctx: CtxDep) -> Response:
     return await _answer(request, ctx, caller, project_ref=project_ref, endpoint="series")
 
 
-@router.api_route("/labels", methods=["GET", "POST"], response_class=Response)
+@router.get("/labels", response_class=Response, operation_id="prometheus_labels_get")
+@router.post("/labels", response_class=Response, operation_id="prometheus_labels_post")
 async def labels(project_ref: str, request: Request, caller: ReaderDep, ctx: CtxDep) -> Response:
     return await _answer(request, ctx, caller, project_ref=project_ref, endpoint="labels")
 
