@@ -62,7 +62,15 @@ def fed_prometheus(prometheus: PrometheusServer) -> Iterator[PrometheusServer]:
             )
         )
     prometheus.configure(jobs)
-    prometheus.wait_for('count({job=~"exporter-.*"}) >= 6')  # 3 series + up per job
+    # Wait for these exporters' four series, and for a module before's exporters (other
+    # ports) to have gone stale: Prometheus keeps a removed target's series for about two
+    # scrape intervals after a reload.
+    mine = "|".join(job.target for job in jobs)
+    prometheus.wait_for(
+        f'count({{__name__=~"fake_.*",instance=~"{mine}"}})',
+        until=lambda r: bool(r) and float(r[0]["value"][1]) == 4,
+    )
+    prometheus.wait_for(f'{{job=~"exporter-.*",instance!~"{mine}"}}', until=lambda r: not r)
     yield prometheus
     prometheus.configure([])
     for server in servers:
