@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from gpufleet.core.agent_protocol import (
+    CommandPoll,
     FindingAck,
     FindingBatch,
     FindingReport,
@@ -33,6 +34,7 @@ class ReportServer:
     def __init__(self) -> None:
         self.batches: list[tuple[str, ReportBatch]] = []
         self.findings: list[tuple[str, FindingReport]] = []
+        self.polls: list[str] = []
         self.status = 200  # set to 503 to refuse
         self.tokens: set[str] | None = None  # None: every token is valid
         self.interval_s = 0.05
@@ -65,14 +67,18 @@ class ReportServer:
         try:
             while line := await reader.readline():
                 findings = line.startswith(b"POST /api/v1/agent/findings ")
-                assert findings or line.startswith(b"POST /api/v1/agent/reports ")
+                poll = line.startswith(b"GET /api/v1/agent/commands?")
+                assert findings or poll or line.startswith(b"POST /api/v1/agent/reports ")
                 headers: dict[str, str] = {}
                 while (h := await reader.readline()) not in (b"\r\n", b""):
                     key, _, value = h.decode().partition(":")
                     headers[key.strip().lower()] = value.strip()
-                body = await reader.readexactly(int(headers["content-length"]))
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
                 token = headers["authorization"][7:]
-                if findings:
+                if poll:  # each boot asks once; nothing is queued here
+                    self.polls.append(token)
+                    status, payload = self.status, CommandPoll().model_dump_json().encode()
+                elif findings:
                     status, payload = self._ack_findings(token, body)
                 else:
                     status, payload = self._respond(token, body)

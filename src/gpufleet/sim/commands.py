@@ -183,7 +183,10 @@ async def run_commands(
     boot_id = sim_boot_id(instance)
     state.fail_running(AGENT_RESTARTED, now=world.clock.now(), boot_id=boot_id)  # rebooted
     tasks: set[asyncio.Task[None]] = set()
-    retry = bool(state.results)
+    # A new boot asks once, as the real agent's first poll does: what an earlier run took
+    # and never answered (the server's process, holding these agents, was killed) is
+    # handed out again; nothing else would ever say it waits.
+    retry = True
     try:
         while True:
             if state.running or state.results or retry:
@@ -276,7 +279,7 @@ class CommandStepper:
         self._time_scale = time_scale
         self._sims: dict[str, Simulation] = {}
         state.fail_running(AGENT_RESTARTED, now=world.clock.now(), boot_id=self.boot_id)
-        self._retry = bool(state.results)
+        self._retry = True  # a new boot asks once (see run_commands)
 
     async def step(self) -> None:
         state = self._state
