@@ -63,34 +63,21 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         put = httpx.put(policy_url, headers=headers, timeout=30,
                         json={**body, "incident_min_nodes": 17})  # fmt: skip
         assert put.status_code == 200, put.text
-        deadline = time.monotonic() + 480
-        proposed: list[dict[str, Any]] = []
-        while not proposed:
-            assert time.monotonic() < deadline, "no recommendation:\n" + proc.output()[-3000:]
-            time.sleep(1.0)
-            # A remove (a signature whose catalog action is removal for hardware service)
-            # ends with the node out of the cluster, not back in service: wait for one
-            # that returns the node.
-            proposed = [
-                r
-                for r in _repairs(url, token, "--status", "proposed")
-                if r["kind"] == "node" and r["action"] != "remove"
-            ]
-        repair = proposed[0]
-        assert repair["source"] == "policy" and repair["decided_by"] is None
-        time.sleep(3)  # nothing happens without a human
-        (still,) = [r for r in _repairs(url, token, "--all") if r["id"] == repair["id"]]
-        assert still["status"] == "proposed"
-
-        approved = run_cli("repairs", "approve", repair["id"], url=url, token=token)
-        assert approved.returncode == 0, approved.stderr
-        deadline = time.monotonic() + 120
-        while True:
-            (now,) = [r for r in _repairs(url, token, "--all") if r["id"] == repair["id"]]
-            if now["status"] in ("succeeded", "failed"):
+        # Background faults keep coming while a repair runs (~2 % chance of a second one
+        # on the same node within the repair): verification then rightly fails. That
+        # one reason, shown by a finding first seen after the approval, earns another
+        # try with the next recommendation; any other failure fails the test.
+        for _attempt in range(3):
+            repair, now = _approve_one(url, token, proc)
+            if now["status"] == "succeeded":
                 break
-            assert time.monotonic() < deadline, f"repair stuck: {now}\n{proc.output()[-3000:]}"
-            time.sleep(1.0)
+            approved_at = now["approved_at"]
+            fresh = [
+                f for f in _findings(url, token, now["node_id"]) if f["first_seen"] > approved_at
+            ]
+            assert fresh, f"repair failed without a new fault: {now}\n{proc.output()[-3000:]}"
+        else:
+            raise AssertionError(f"three repairs met a new fault: {now}")
         assert now["status"] == "succeeded", now
         shown = run_cli("nodes", "show", repair["node_id"], "--output", "json", url=url,
                         token=token)  # fmt: skip
@@ -98,3 +85,50 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         assert json.loads(shown.stdout)["state"] == "in_service"
     finally:
         proc.stop()
+
+
+def _findings(url: str, token: str, node_id: str) -> list[dict[str, Any]]:
+    listed = httpx.get(
+        f"{url}/api/v1/findings",
+        params={"node": node_id, "limit": 1000},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert listed.status_code == 200, listed.text
+    items: list[dict[str, Any]] = listed.json()["items"]
+    return items
+
+
+def _approve_one(
+    url: str, token: str, proc: ServerProcess
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wait for a recommendation that returns a node, see it wait for a human, approve
+    it and wait for its end: (the repair as proposed, as it ended)."""
+    deadline = time.monotonic() + 480
+    proposed: list[dict[str, Any]] = []
+    while not proposed:
+        assert time.monotonic() < deadline, "no recommendation:\n" + proc.output()[-3000:]
+        time.sleep(1.0)  # real sleep: the demo's faults come on its own clock
+        # A remove (a signature whose catalog action is removal for hardware service)
+        # ends with the node out of the cluster, not back in service: wait for one
+        # that returns the node.
+        proposed = [
+            r
+            for r in _repairs(url, token, "--status", "proposed")
+            if r["kind"] == "node" and r["action"] != "remove"
+        ]
+    repair = proposed[0]
+    assert repair["source"] == "policy" and repair["decided_by"] is None
+    time.sleep(3)  # real sleep: nothing happens without a human
+    (still,) = [r for r in _repairs(url, token, "--all") if r["id"] == repair["id"]]
+    assert still["status"] == "proposed"
+
+    approved = run_cli("repairs", "approve", repair["id"], url=url, token=token)
+    assert approved.returncode == 0, approved.stderr
+    deadline = time.monotonic() + 120
+    while True:
+        (now,) = [r for r in _repairs(url, token, "--all") if r["id"] == repair["id"]]
+        if now["status"] in ("succeeded", "failed"):
+            return repair, now
+        assert time.monotonic() < deadline, f"repair stuck: {now}\n{proc.output()[-3000:]}"
+        time.sleep(1.0)  # real sleep: the repair runs on the demo's clock
