@@ -18,6 +18,7 @@ from gpufleet.server.services.telemetry_history import (
     ClusterMinute,
     NodeMinute,
 )
+from gpufleet.server.services.utilization_prometheus import Curve, PrometheusUtilization
 
 WIDTH, HEIGHT = 720, 210
 LEFT, RIGHT, TOP, BOTTOM = 46, 12, 10, 24
@@ -40,6 +41,12 @@ class Chart:
     legend: list[tuple[str, str]] = field(default_factory=list)  # (label, swatch class)
     stats: str = ""
     empty: bool = False
+    # What an empty chart says: the tables' history, unless the data comes from elsewhere.
+    empty_title: str = "No samples in this window yet."
+    empty_text: str = (
+        "History starts with the first report after the console was installed; "
+        "one sample per node per minute."
+    )
 
 
 def _nice_max(value: float) -> float:
@@ -80,6 +87,8 @@ def line_chart(
     end: dt.datetime,
     y_max: float | None = None,
     gap_s: float = 150.0,
+    empty_title: str = Chart.empty_title,
+    empty_text: str = Chart.empty_text,
 ) -> Chart:
     """Lines over [start, end]; a missing point or a gap longer than ``gap_s`` breaks
     the line rather than drawing across data that is not there."""
@@ -89,7 +98,15 @@ def line_chart(
     values = [v for s in series for _, v in s.points if v is not None]
     legend = [(s.label, f"sw{i % 8}") for i, s in enumerate(series)] if len(series) > 1 else []
     if not values:
-        return Chart(title=title, unit=unit, svg=Markup(), legend=legend, empty=True)
+        return Chart(
+            title=title,
+            unit=unit,
+            svg=Markup(),
+            legend=legend,
+            empty=True,
+            empty_title=empty_title,
+            empty_text=empty_text,
+        )
     top = y_max if y_max is not None else _nice_max(max(values))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     span = max((end - start).total_seconds(), 1.0)
@@ -204,3 +221,60 @@ def node_charts(
         line_chart(per_gpu(POWER), title="GPU power", unit="W", start=start, end=now),
         line_chart(per_gpu(TEMP), title="GPU temperature", unit="°C", start=start, end=now),
     ]  # fmt: skip
+
+
+BYTE_UNITS = (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3))
+NO_SERIES = "Prometheus has no samples of this in the window."
+NO_SERIES_HELP = (
+    "The agents export it where the node has it (InfiniBand ports, NFS or Lustre "
+    "mounts); Prometheus must scrape them (service discovery at /api/v1/prometheus/targets)."
+)
+
+
+def _scaled(curves: Sequence[Curve]) -> tuple[list[Series], str]:
+    """Byte rates in the largest unit under the peak, so the axis reads 1.2 GB/s."""
+    peak = max((v for c in curves for _, v in c.points if v is not None), default=0.0)
+    unit, div = next(((u, d) for u, d in BYTE_UNITS if peak >= d), ("B/s", 1.0))
+    return [
+        Series(c.label, [(ts, None if v is None else v / div) for ts, v in c.points])
+        for c in curves
+    ], unit
+
+
+def prometheus_charts(
+    data: PrometheusUtilization, *, now: dt.datetime, window: dt.timedelta
+) -> tuple[list[Chart], list[Chart]]:
+    """The GPU charts (as ``cluster_charts`` draws them from the tables) and the
+    network and storage ones, from Prometheus's series."""
+    start = now - window
+    gap_s = 2.5 * data.step_s
+
+    def chart(key: str, title: str, unit: str, y_max: float | None = None) -> Chart:
+        series = [Series(c.label, c.points) for c in data.curves.get(key, [])]
+        if unit == "B/s":
+            series, unit = _scaled(data.curves.get(key, []))
+        return line_chart(
+            series,
+            title=title,
+            unit=unit,
+            start=start,
+            end=now,
+            y_max=y_max,
+            gap_s=gap_s,
+            empty_title=NO_SERIES,
+            empty_text=NO_SERIES_HELP,
+        )
+
+    gpu = [
+        chart("util", "GPU utilization (average)", "%", 100.0),
+        chart("mem", "GPU memory used", "%", 100.0),
+        chart("power", "GPU power (sum)", "kW"),
+        chart("temp", "GPU temperature", "°C"),
+    ]
+    io = [
+        chart("ib", "InfiniBand throughput (all ports)", "B/s"),
+        chart("nic", "NIC throughput (Ethernet)", "B/s"),
+        chart("disk", "Local disk I/O", "B/s"),
+        chart("netfs", "NFS and Lustre I/O", "B/s"),
+    ]
+    return gpu, io

@@ -1,6 +1,12 @@
 """The Utilization tab: GPU utilization, memory, power and temperature over time for the
-cluster (per-minute sums, ``cluster_telemetry``), and each node now, busiest and idlest
-first; a node's own charts are on its page."""
+cluster, and each node now, busiest and idlest first; a node's own charts are on its page.
+
+With ``prometheus_url`` set the charts over time come from Prometheus, read through the
+project's query proxy (``services/utilization_prometheus.py``), with InfiniBand, NIC and
+storage throughput besides, which the server does not store. Without it, or when
+Prometheus does not answer (said on the page), they come from the server's own tables
+(per-minute sums, ``cluster_telemetry``), and the I/O charts say they need Prometheus.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from gpufleet.core.errors import InvalidInput
+from gpufleet.core.errors import InvalidInput, Unavailable
 from gpufleet.server.deps import CtxDep
 from gpufleet.server.services.telemetry_history import (
     HISTORY_WINDOWS,
     load_cluster_history,
     nodes_now,
 )
-from gpufleet.server.web.charts import cluster_charts
+from gpufleet.server.services.utilization_prometheus import (
+    PrometheusUtilization,
+    load_prometheus_utilization,
+)
+from gpufleet.server.web.charts import Chart, cluster_charts, prometheus_charts
 from gpufleet.server.web.context import load_cluster_page
 from gpufleet.server.web.routing import HtmlRoute, render_page
 from gpufleet.server.web.session import WebUserDep
@@ -39,10 +49,33 @@ async def utilization_tab(
     span = HISTORY_WINDOWS[window]
     async with ctx.db.session() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
-        history = await load_cluster_history(
-            session, cluster_id=page.cluster.id, since=now - span, until=now
-        )
         nodes = await nodes_now(session, cluster_id=page.cluster.id)
+    prometheus_url = ctx.settings.prometheus_url
+    from_prometheus: PrometheusUtilization | None = None
+    prometheus_error: str | None = None
+    if prometheus_url is not None:  # read outside the DB session: no network call in one
+        try:
+            from_prometheus = await load_prometheus_utilization(
+                ctx.db,
+                caller=user.caller,
+                prometheus_url=prometheus_url,
+                timeout_s=ctx.settings.prometheus_timeout_s,
+                project=page.project.name,
+                cluster=page.cluster.name,
+                start=now - span,
+                end=now,
+            )
+        except Unavailable as exc:
+            prometheus_error = str(exc)
+    io_charts: list[Chart] = []
+    if from_prometheus is not None:
+        charts, io_charts = prometheus_charts(from_prometheus, now=now, window=span)
+    else:
+        async with ctx.db.session() as session:
+            history = await load_cluster_history(
+                session, cluster_id=page.cluster.id, since=now - span, until=now
+            )
+        charts = cluster_charts(history, now=now, window=span)
     reporting = [n for n in nodes if n.util_avg is not None]
     ranked = sorted(reporting, key=lambda n: n.util_avg or 0.0, reverse=True)
     gpus = sum(n.gpus for n in reporting)
@@ -64,7 +97,11 @@ async def utilization_tab(
         page.context(
             user,
             "utilization",
-            charts=cluster_charts(history, now=now, window=span),
+            charts=charts,
+            io_charts=io_charts,
+            from_prometheus=from_prometheus,
+            prometheus_configured=prometheus_url is not None,
+            prometheus_error=prometheus_error,
             window=window,
             windows=list(HISTORY_WINDOWS),
             busiest=ranked[:RANKED],
