@@ -67,8 +67,10 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         # on the same node within the repair): verification then rightly fails. That
         # one reason, shown by a finding first seen after the approval, earns another
         # try with the next recommendation; any other failure fails the test.
+        tried: dict[str, str] = {}  # repair → its signature
         for _attempt in range(3):
             repair, now = _approve_one(url, token, proc)
+            tried[now["id"]] = now["signature_id"]
             if now["status"] == "succeeded":
                 break
             approved_at = now["approved_at"]
@@ -83,6 +85,24 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
                         token=token)  # fmt: skip
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["state"] == "in_service"
+
+        # The reliability report finds the outage behind the repair: out of service from
+        # the drain to the return, put down to the (first) repair tried.
+        report = run_cli("reliability", "report", "--output", "json", url=url, token=token)
+        assert report.returncode == 0, report.stderr
+        body = json.loads(report.stdout)
+        back = [o for o in body["outages"] if o["node_id"] == now["node_id"]]
+        assert back and back[0]["repair_id"] in tried, (tried, back)
+        outage = back[0]  # newest first
+        assert (outage["signature"], outage["ended"]) == (tried[outage["repair_id"]], "in_service")
+        assert outage["gpu_hours_lost"] > 0 and body["gpu_hours_lost"] >= outage["gpu_hours_lost"]
+        assert body["failures"] >= 1 and body["mttr_h"] > 0
+        table = run_cli("reliability", "report", "--by", "host", "--by", "outages", url=url,
+                        token=token)  # fmt: skip
+        assert table.returncode == 0, table.stderr
+        assert "MTTR" in table.stdout and outage["signature"] in table.stdout
+        bad = run_cli("reliability", "report", "--by", "planet", url=url, token=token)
+        assert bad.returncode == 2 and "planet" in bad.stderr
     finally:
         proc.stop()
 

@@ -272,6 +272,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/v1/findings"): Rule(P.FINDING_READ, query=_cluster_filter),
     ("GET", "/api/v1/health/summary"): Rule(P.CLUSTER_READ, query=_cluster_filter),
     ("GET", "/api/v1/usage/gpu-hours"): Rule(P.USAGE_READ, query=_project_filter),
+    ("GET", "/api/v1/reliability"): Rule(P.REPAIR_READ, query=_project_filter),
     # Repairs and policy.
     ("GET", "/api/v1/repairs"): Rule(P.REPAIR_READ, query=_cluster_filter),
     ("GET", "/api/v1/repairs/{repair_id}"): Rule(P.REPAIR_READ),
@@ -554,6 +555,7 @@ async def test_two_projects_are_isolated(app: RunningApp, viewer: str) -> None:
         ("/api/v1/projects/pa/members", {}),
         ("/api/v1/health/summary", {}),
         ("/api/v1/usage/gpu-hours", {}),
+        ("/api/v1/reliability", {}),
     ]
     if viewer == "admin":
         listings += [("/api/v1/audit", {"limit": 1000}), ("/api/v1/projects/pa/tokens", {})]

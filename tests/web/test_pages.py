@@ -12,7 +12,16 @@ from webhelpers import browser, log_in, member_token
 
 from gpufleet.testing.fleet import SimFleet
 
-TABS = ("health", "utilization", "events", "configuration", "nodes", "repairs", "checks")
+TABS = (
+    "health",
+    "utilization",
+    "reliability",
+    "events",
+    "configuration",
+    "nodes",
+    "repairs",
+    "checks",
+)
 
 
 async def _pages(fleet: SimFleet) -> list[str]:

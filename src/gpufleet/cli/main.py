@@ -72,6 +72,9 @@ COMMANDS: dict[str, Entry] = {
     "nodes": Entry("nodes", "app", "Nodes and their GPUs."),
     "repairs": Entry("repairs", "app", "The repair queue: recommendations, approvals, progress."),
     "usage": Entry("usage", "app", "GPU-hours by project, user, account and day."),
+    "reliability": Entry(
+        "reliability", "app", "Where GPU-hours went: outages by cause, MTTR and MTBF."
+    ),
     "slurm": Entry(
         "slurm_commands", "app",
         "Slurm's programs: node hooks (slurmd, on each node) and power saving (slurmctld).",

@@ -61,6 +61,7 @@ from gpufleet.core.models import (
     Repair,
     UsageGroup,
 )
+from gpufleet.core.reliability import ReliabilityReport
 
 # The server caps a page at 1000 items; iterators ask for full pages to save round trips.
 MAX_PAGE_SIZE = 1000
@@ -636,6 +637,23 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
             "cluster": cluster,
         }
         return self._get(GpuHours, f"{API}/usage/gpu-hours", params)
+
+    def reliability(
+        self,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        project: str | None = None,
+        cluster: str | None = None,
+    ) -> ReliabilityReport:
+        """GPU-hours lost by signature, GPU model, day, cluster and host; MTTR, MTBF."""
+        params: dict[str, object] = {
+            "since": since,
+            "until": until,
+            "project": project,
+            "cluster": cluster,
+        }
+        return self._get(ReliabilityReport, f"{API}/reliability", params)
 
     def get_repair_policy(self, project: str) -> PolicyConfig:
         """A project's repair policy (the server's default when it never set one)."""

@@ -24,6 +24,7 @@ class Tab:
 TABS = (
     Tab("health", "Health"),
     Tab("utilization", "Utilization"),
+    Tab("reliability", "Reliability"),
     Tab("events", "Events"),
     Tab("configuration", "Configuration"),
     Tab("nodes", "Nodes"),

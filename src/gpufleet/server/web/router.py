@@ -19,6 +19,7 @@ from gpufleet.server.web import (
     members,
     nodes,
     overview,
+    reliability,
     repairs,
     utilization,
 )
@@ -31,6 +32,7 @@ def console_router() -> APIRouter:
         overview,
         cluster,
         utilization,
+        reliability,
         config,
         nodes,
         repairs,
