@@ -71,3 +71,20 @@ def test_gpus_apart_and_events_without_a_code_ignored() -> None:
         ("0000:3b:00.0", 1),
         ("0000:5d:00.0", 1),
     ]
+
+
+def test_a_report_without_its_gpu_pairs_with_the_other_sources() -> None:
+    """A kernel-log Xid whose PCI address was redacted or cut names no GPU: it counts
+    for the node, once, and NVML's report of the same Xid does not count it again."""
+    c = counter()
+    c.observe([xid(79, KMSG, 0), xid(79, NVML, 1, gpu_uuid="GPU-c")])
+    [count] = c.counts()
+    assert (count.xid, count.count, count.pci_bus_id) == (79, 1, None)
+    # The other order, and a GPU-less report well after the window: a second Xid.
+    c = counter()
+    c.observe([xid(48, NVML, 0, gpu_uuid="GPU-c"), xid(48, KMSG, 2), xid(48, KMSG, 30)])
+    assert {(x.pci_bus_id, x.count) for x in c.counts()} == {(None, 1), (PCI, 1)}
+    # Two GPU-less reports from the same source are two occurrences.
+    c = counter()
+    c.observe([xid(13, KMSG, 0), xid(13, KMSG, 0.5)])
+    assert totals(c) == {13: 2}

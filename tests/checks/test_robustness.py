@@ -136,6 +136,28 @@ def test_text_variants_parse_to_the_same_figures(name: str, variant: object) -> 
     assert figures(kind, variant(text)) == figures(kind, text)
 
 
+def byte_order_mark(text: str) -> str:
+    return "\ufeff" + text  # saved by a Windows editor
+
+
+def no_final_newline(text: str) -> str:
+    return text.rstrip("\r\n")
+
+
+def non_breaking_spaces(text: str) -> str:
+    return text.replace("  ", "\u00a0 ")  # copied from a web page
+
+
+@pytest.mark.parametrize("name", list(REAL))
+@pytest.mark.parametrize("variant", [byte_order_mark, no_final_newline, non_breaking_spaces])
+def test_pasted_and_saved_variants_parse_to_the_same_figures(name: str, variant: object) -> None:
+    kind = REAL[name][0]
+    text = read(name)
+    assert callable(variant)
+    assert figures(kind, variant(crlf(text))) == figures(kind, text)
+    assert figures(kind, variant(text)) == figures(kind, text)
+
+
 def test_extra_columns_after_the_known_ones() -> None:
     text = read("nccl-allreduce-h100-8gpu-reference.txt")
     rccl = re.sub(r"(?m)^(\s+\d+\s+\d+\s+float.*)$", r"\1    RING    SIMPLE          32", text)

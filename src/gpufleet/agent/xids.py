@@ -10,7 +10,9 @@ each seen by both sources, count 2). Counts start at 0 when the agent starts (a
 Prometheus counter reset).
 
 A GPU is keyed by its PCI address when known (kernel-log lines carry only that), else
-by UUID, else by index; what the GPU samples taught maps one to the other.
+by UUID, else by index; what the GPU samples taught maps one to the other. A report
+that names no GPU at all (a saved log's Xid line with its address redacted) counts for
+the node, and pairs with the other source's report of the same Xid on any GPU.
 """
 
 from __future__ import annotations
@@ -84,6 +86,24 @@ class XidCounter:
             event.gpu_uuid or known[1],
             event.gpu_index if event.gpu_index is not None else known[2],
         )
+        # A report that names no GPU (a kernel-log line whose address was redacted or cut)
+        # pairs with the other source's report of the same Xid on any GPU, and a report
+        # that names one pairs with the other source's GPU-less report.
+        if key == "node":
+            keys = [key, *(k for k, x in self._unmatched if x == xid and k != key)]
+        else:
+            keys = [key, "node"]
+        for k in keys:
+            if self._pair(k, xid, event):
+                return
+        pending = self._unmatched.get((key, xid), [])
+        pending.append((event.source, event.at))
+        self._unmatched[(key, xid)] = pending
+        self._counts[(key, xid)] = self._counts.get((key, xid), 0) + 1
+
+    def _pair(self, key: str, xid: int, event: Event) -> bool:
+        """Pair ``event`` with the other source's report of a counted occurrence, if one
+        within the window waits under ``key``; reports out of the window are dropped."""
         pending = [
             (source, at)
             for source, at in self._unmatched.get((key, xid), [])
@@ -91,9 +111,7 @@ class XidCounter:
         ]
         match = next((p for p in pending if p[0] is not event.source), None)
         if match is not None:
-            pending.remove(match)  # the other source's report of a counted occurrence
+            pending.remove(match)
+        if pending or (key, xid) in self._unmatched:
             self._unmatched[(key, xid)] = pending
-            return
-        pending.append((event.source, event.at))
-        self._unmatched[(key, xid)] = pending
-        self._counts[(key, xid)] = self._counts.get((key, xid), 0) + 1
+        return match is not None

@@ -16,7 +16,15 @@ Recognised (any nesting, e.g. ``Dec  2 10:43:35 host kernel: [240314.528856] NVR
 * RFC 3164 / ``journalctl -o short``: ``<4>Mar  5 10:12:01 host kernel: ``
 * RFC 5424: ``<4>1 2024-03-05T10:12:01.1Z host kernel - - - ``
 * ``journalctl -o short-full``: ``Tue 2024-03-05 10:12:01 UTC host kernel: ``
+* ``journalctl -o short-precise``: ``Mar 05 10:12:01.123456 host kernel: ``
+* ``journalctl -o short-unix``: ``1709633521.123456 host kernel: `` (UTC)
+* ``dmesg -r`` (raw): ``<4>[ 1234.567890]``, the priority before the monotonic stamp
 * continuation lines that dmesg indents with spaces
+* a UTF-8 byte-order mark before the first line (logs saved by a Windows editor)
+
+``/dev/kmsg`` escapes a record's newlines (and other control bytes) as ``\\xNN``: a message
+the driver printed over several lines arrives as one; its ``\\x0a`` become spaces, so the
+message reads as ``dmesg`` joins it.
 """
 
 from __future__ import annotations
@@ -34,13 +42,16 @@ _MONTHS = {
 
 # A syslog program tag after the host: ``kernel:``, ``kernel[0]:``, ``nv-fabricmanager[9]:``.
 _TAG = r"(?P<tag>[A-Za-z0-9_./@-]+?)(?:\[\d+\])?:\s"
-_HOST = r"(?P<host>[A-Za-z0-9_.:-]+)"
+# Not ending in ":": ``[ 12.3] NVRM: Xid: 43, ...`` is no host ``NVRM:`` and tag ``Xid``.
+_HOST = r"(?P<host>[A-Za-z0-9_.:-]*[A-Za-z0-9_.-])"
 _ISO = (
     r"(?P<iso>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?"
     r"(?:Z|[+-]\d{2}:?\d{2})?)"
 )
 
 _KMSG = re.compile(r"(?P<prio>\d{1,3}),(?P<seq>\d+),(?P<usec>\d+),[^;]*;")
+_KMSG_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_RAW_PRIO = re.compile(r"<(?P<prio>\d{1,3})>(?=\[)")
 _DMESG_X = re.compile(r"(?P<fac>[a-z]{2,8})\s*:(?P<lvl>[a-z]{3,6})\s*:\s")
 _BRACKET_MONO = re.compile(r"\[\s*(?P<mono>\d+\.\d+)(?:\s*<[^>]*>)?\]\s?")
 _BRACKET_CTIME = re.compile(
@@ -54,8 +65,11 @@ _RFC5424 = re.compile(
 _ISO_HEAD = re.compile(_ISO + r"(?:\s+" + _HOST + r"\s+" + _TAG + r"|\s)")
 _RFC3164 = re.compile(
     r"(?:<\d{1,3}>)?(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2}) (?P<time>\d{2}:\d{2}:\d{2})"
-    r"(?: (?P<year>\d{4}))?\s+" + _HOST + r"\s+" + _TAG
+    # ``journalctl -o short-precise`` adds microseconds: ``Mar 05 10:12:01.123456``.
+    r"(?:\.(?P<frac>\d{1,9}))?(?: (?P<year>\d{4}))?\s+" + _HOST + r"\s+" + _TAG
 )
+# ``journalctl -o short-unix``: seconds since the epoch, then host and tag.
+_UNIX_HEAD = re.compile(r"(?P<epoch>\d{9,11}\.\d{1,9}) " + _HOST + r"\s+" + _TAG)
 _SHORT_FULL = re.compile(
     r"[A-Z][a-z]{2} (?P<date>\d{4}-\d{2}-\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.\d+)? "
     r"(?P<zone>[A-Z]{1,5}|[+-]\d{4}) " + _HOST + r"\s+" + _TAG
@@ -112,6 +126,9 @@ _LEVELS = ("emerg", "alert", "crit", "err", "warn", "notice", "info", "debug")
 def parse_line(line: str, *, year: int | None = None) -> LogLine:
     """Strip the known prefixes from one line and return what they said."""
     text = line.rstrip("\r\n").lstrip()
+    if text[:1] == "\ufeff":
+        text = text[1:].lstrip()
+    kmsg = False
     timestamp: dt.datetime | None = None
     uptime: float | None = None
     host: str | None = None
@@ -136,23 +153,31 @@ def parse_line(line: str, *, year: int | None = None) -> LogLine:
             if m := _KMSG.match(text):
                 level = _LEVELS[int(m["prio"]) & 7]
                 uptime = int(m["usec"]) / 1e6
+                kmsg = True
             elif m := _RFC5424.match(text):
                 timestamp, host = _iso(m["iso"]), m["host"]
             elif m := _ISO_HEAD.match(text):
                 timestamp, host = _iso(m["iso"]), m["host"] or host
+            elif m := _UNIX_HEAD.match(text):
+                timestamp = dt.datetime.fromtimestamp(float(m["epoch"]), tz=dt.UTC)
+                host = m["host"]
             else:
                 break
         elif first == "<":
-            if m := _RFC5424.match(text):
+            if m := _RAW_PRIO.match(text):
+                level = _LEVELS[int(m["prio"]) & 7]
+            elif m := _RFC5424.match(text):
                 timestamp, host = _iso(m["iso"]), m["host"]
             elif m := _RFC3164.match(text):
                 timestamp = _ctime(m["mon"], m["day"], m["time"], _year(m["year"], year))
+                timestamp = _with_fraction(timestamp, m["frac"])
                 host = m["host"]
             else:
                 break
         elif first.isupper():
             if m := _RFC3164.match(text):
                 timestamp = _ctime(m["mon"], m["day"], m["time"], _year(m["year"], year))
+                timestamp = _with_fraction(timestamp, m["frac"])
                 host = m["host"]
             elif m := _SHORT_FULL.match(text):
                 timestamp = _iso(f"{m['date']}T{m['time']}" + _zone(m["zone"]))
@@ -164,7 +189,21 @@ def parse_line(line: str, *, year: int | None = None) -> LogLine:
         else:
             break
         text = text[m.end() :].lstrip()
+    if kmsg and "\\x" in text:
+        text = _KMSG_ESCAPE.sub(_unescape, text)
     return LogLine(message=text, timestamp=timestamp, uptime_s=uptime, host=host, level=level)
+
+
+def _unescape(m: re.Match[str]) -> str:
+    char = chr(int(m[1], 16))
+    # A record's line breaks join its lines with a space, as the matcher joins lines.
+    return " " if char in "\r\n" else char
+
+
+def _with_fraction(stamp: dt.datetime | None, frac: str | None) -> dt.datetime | None:
+    if stamp is None or not frac:
+        return stamp
+    return stamp.replace(microsecond=int(frac[:6].ljust(6, "0")))
 
 
 def _year(found: str | None, default: int | None) -> int | None:

@@ -50,6 +50,10 @@ class Match:
     timestamp: dt.datetime | None = None
     uptime_s: float | None = None
     host: str | None = None
+    # The kernel device that printed the line (``nvidia-nvswitch3``) and the link it names:
+    # an SXid's switch and port, the switch still known when its PCI address is redacted.
+    device: str | None = None
+    link: int | None = None
 
 
 def normalize_pci(raw: str | None) -> str | None:
@@ -378,6 +382,8 @@ class KernelLogMatcher:
             timestamp=stamp.timestamp,
             uptime_s=stamp.uptime_s,
             host=stamp.host,
+            device=m["device"] if "device" in groups else None,
+            link=int(m["link"]) if "link" in groups and m["link"] is not None else None,
         )
 
 

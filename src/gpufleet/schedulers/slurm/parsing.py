@@ -207,7 +207,8 @@ def load_json(text: str, *, what: str) -> dict[str, Any]:
     """Parse a Slurm JSON answer; raises ``SlurmReportedError`` if its ``errors`` is not
     empty (slurmrestd and the CLI both report failures there, even with exit code 0)."""
     try:
-        doc = json.loads(text)
+        # A file saved by a Windows editor starts with a byte-order mark; json refuses it.
+        doc = json.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(doc, dict):
@@ -572,14 +573,22 @@ _KEY_RE = re.compile(r"[A-Za-z][A-Za-z0-9_:/]*=")
 # "Reason=<text> [user@time]": the text may hold spaces and even "x=y".
 _REASON_RE = re.compile(r"(?:^|\s)Reason=(.*?)\s\[([^\]\s@]*)@([^\]\s]*)\](?=\s|$)")
 _NOTHING = {"No nodes in the system", "No jobs in the system"}
+# Characters a web page or an editor slips into copied text that print as nothing (BOM,
+# zero-width space/joiners, word joiner); they would hide a ``Key=`` from the parser.
+_INVISIBLE = dict.fromkeys(map(ord, "\ufeff\u200b\u200c\u200d\u2060"))
 
 
-def _records(text: str, first_key: str) -> list[str]:
+def _records(text: str, first_key: str, *, split_run_together: bool = False) -> list[str]:
     """One string per record: ``-o`` prints one line each; without ``-o`` a record's
     further lines are indented. Text pasted through a web page or a chat often loses
-    that indentation: a line that starts with another ``Key=`` continues the record."""
+    that indentation: a line that starts with another ``Key=`` continues the record.
+
+    ``split_run_together``: a page that lost the line breaks too runs the records into
+    one line; a second ``<first_key>=`` word starts the next record. (Only for keys no
+    free-text field can hold: a job's ``Comment=`` may say ``JobId=5``.)
+    """
     records: list[str] = []
-    for line in text.splitlines():
+    for line in text.translate(_INVISIBLE).splitlines():
         if not line.strip() or line.strip() in _NOTHING:
             continue
         if line.lstrip().startswith(f"{first_key}="):
@@ -588,6 +597,8 @@ def _records(text: str, first_key: str) -> list[str]:
             records[-1] += " " + line
         else:
             raise ValueError(f"expected a line starting with {first_key}=, got {line[:80]!r}")
+    if split_run_together:
+        return [r for record in records for r in re.split(rf"\s+(?={first_key}=)", record)]
     return records
 
 
@@ -617,7 +628,7 @@ def parse_key_values(record: str) -> dict[str, str]:
 def parse_scontrol_nodes(text: str) -> list[SlurmNodeInfo]:
     """``scontrol -o show node`` (any version; also without ``-o``) → nodes."""
     nodes: list[SlurmNodeInfo] = []
-    for record in _records(text, "NodeName"):
+    for record in _records(text, "NodeName", split_run_together=True):
         kv = parse_key_values(record)
         name = kv["NodeName"]
         try:
@@ -741,7 +752,8 @@ def parse_sacct(text: str, *, fields: Sequence[str] = SACCT_FIELDS) -> list[Sche
     jobs: list[SchedJob] = []
     steps: dict[int, list[str]] = {}
     last_by_id: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    # A leading byte-order mark would become part of the first job's id.
+    for lineno, line in enumerate(text.removeprefix("\ufeff").splitlines(), start=1):
         if not line.strip():
             continue
         parts = line.split("|", len(fields) - 1)
