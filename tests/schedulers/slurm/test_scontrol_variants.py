@@ -144,3 +144,13 @@ def test_sacct_text_variants(variant: object) -> None:
 def test_json_with_a_byte_order_mark() -> None:
     text = (RECORDED / "sinfo-22.05.json").read_text()
     assert parse_nodes_json("\ufeff" + text) == parse_nodes_json(text)
+
+
+def test_a_reason_that_names_another_node_is_not_cut_into_a_record() -> None:
+    text = (
+        "NodeName=gpu-01 Arch=x86_64 CPUTot=64 State=DRAIN+IDLE "
+        "Reason=NHC: compare with NodeName=gpu-02 [root@2026-12-04T10:00:00]\n"
+    )
+    (node,) = parse_scontrol_nodes(text)
+    assert node.name == "gpu-01"
+    assert "NodeName=gpu-02" in (node.reason or "")

@@ -584,8 +584,9 @@ def _records(text: str, first_key: str, *, split_run_together: bool = False) -> 
     that indentation: a line that starts with another ``Key=`` continues the record.
 
     ``split_run_together``: a page that lost the line breaks too runs the records into
-    one line; a second ``<first_key>=`` word starts the next record. (Only for keys no
-    free-text field can hold: a job's ``Comment=`` may say ``JobId=5``.)
+    one line; a second ``<first_key>=`` word starts the next record when every part so
+    cut holds a ``State=`` (a node's ``Reason=`` may say ``NodeName=x``; a job's
+    ``Comment=`` may say ``JobId=5``: jobs are never cut).
     """
     records: list[str] = []
     for line in text.translate(_INVISIBLE).splitlines():
@@ -597,9 +598,16 @@ def _records(text: str, first_key: str, *, split_run_together: bool = False) -> 
             records[-1] += " " + line
         else:
             raise ValueError(f"expected a line starting with {first_key}=, got {line[:80]!r}")
-    if split_run_together:
-        return [r for record in records for r in re.split(rf"\s+(?={first_key}=)", record)]
-    return records
+    if not split_run_together:
+        return records
+    out: list[str] = []
+    for record in records:
+        parts = re.split(rf"\s+(?={first_key}=)", record)
+        # Only when every part is a whole record: a free-text field (an admin's or a
+        # health checker's Reason=) may itself say "NodeName=".
+        whole = all(re.search(r"(?:^|\s)State=", part) for part in parts)
+        out += parts if whole else [record]
+    return out
 
 
 def parse_key_values(record: str) -> dict[str, str]:
