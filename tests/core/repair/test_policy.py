@@ -252,7 +252,28 @@ def test_xid_79_proposes_a_reboot_with_its_evidence() -> None:
 @pytest.mark.parametrize("signature_id", ["xid-13", "xid-31", "xid-43", "no-such-signature"])
 def test_workload_and_unknown_signatures_make_no_repair(signature_id: str) -> None:
     n = node()
-    assert run(facts([n], [finding("f1", n, signature_id, count=50)])) == []
+    assert run(facts([n], [finding("f1", n, signature_id)])) == []
+
+
+def test_an_unknown_signature_makes_no_repair_however_often_it_is_seen() -> None:
+    n = node()
+    assert run(facts([n], [finding("f1", n, "no-such-signature", count=50)])) == []
+
+
+@pytest.mark.parametrize("signature_id", ["xid-13", "xid-31", "ib-link-down"])
+def test_a_workload_signature_repeated_past_its_escalation_repairs_the_node(
+    signature_id: str,
+) -> None:
+    signature = get_catalog().get(signature_id)
+    assert signature is not None and signature.escalation is not None
+    escalation = signature.escalation
+    n = node()
+    below = finding("f1", n, signature_id, count=escalation.repeat - 1)
+    assert run(facts([n], [below])) == []  # the workload's, until it repeats
+    repeated = finding("f1", n, signature_id, count=escalation.repeat)
+    propose = only_propose(run(facts([n], [repeated])))
+    assert propose.action is escalation.then
+    assert f"catalog {signature_id} → {signature.action.value}; repeat: seen" in propose.rule
 
 
 def test_a_cleared_finding_makes_no_repair() -> None:

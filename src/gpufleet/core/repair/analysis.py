@@ -42,6 +42,17 @@ def counted_signature(finding: FindingFact, catalog: Catalog) -> Signature | Non
     return signature
 
 
+def _escalating_signature(finding: FindingFact, catalog: Catalog) -> Signature | None:
+    """The catalog entry of an open finding whose own action is the workload's but whose
+    repeat escalation climbs to a node repair; else ``None``."""
+    if not finding.open:
+        return None
+    signature = catalog.get(finding.signature_id)
+    if signature is None or signature.escalation is None:
+        return None
+    return signature if signature.escalation.then in NODE_ACTIONS else None
+
+
 def repeat_count(
     finding: FindingFact,
     node_findings: Sequence[FindingFact],
@@ -163,6 +174,15 @@ def analyse_node(
         signature = counted_signature(finding, catalog)
         if signature is not None:
             candidates.append(_candidate(finding, signature, node_findings, now=now))
+            continue
+        # The workload's own (``none``, ``restart_workload``) until it repeats as the
+        # catalog's escalation says: then the node is suspect (Xid 31 again and again on
+        # one GPU across jobs, a port down three times in a day).
+        escalates = _escalating_signature(finding, catalog)
+        if escalates is not None:
+            candidate = _candidate(finding, escalates, node_findings, now=now)
+            if candidate.action in NODE_ACTIONS:
+                candidates.append(candidate)
     if not candidates:
         return None
     primary = min(candidates, key=_primary_key)
