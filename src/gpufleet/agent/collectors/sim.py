@@ -73,6 +73,12 @@ class SimCollector:
                 "ecc_dbe_aggregate": float(t.ecc_dbe_aggregate),
                 "clocks_event_reasons": 0.0,
             }
+            if model.nvlinks:  # an SXM part's NVLink counters, as NVML sums them: a
+                # healthy simulated fabric never retries (the sim's NVLink faults are
+                # findings, not counters)
+                values |= dict.fromkeys(
+                    ("nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors"), 0.0
+                )
             result.samples.append(
                 Sample(
                     "gpu",
