@@ -1,6 +1,6 @@
-"""Scheduling, as the server sees each Slurm or Kubernetes cluster: nodes by state,
-what is out of the scheduler's hands (cordoned, draining, drained) and for how long
-repairs wait for jobs to leave."""
+"""Scheduling, as the server sees each Slurm or Kubernetes cluster: nodes by state, the
+GPUs pending jobs wait for, what is out of the scheduler's hands (cordoned, draining,
+drained) and for how long repairs wait for jobs to leave."""
 
 from __future__ import annotations
 
@@ -69,12 +69,27 @@ REPAIRING = PanelSpec(
     stacked=True,
 )
 
+PENDING = PanelSpec(
+    "Pending GPU demand",
+    [
+        Query(
+            # max, not sum: every server replica exports the same stored reading
+            f"max by (cluster) (gpufleet_pending_gpu_demand{{{CLUSTER}}})",
+            "{{cluster}}",
+        )
+    ],
+    minimum=0,
+    description="GPUs the cluster's pending jobs wait for (jobs more nodes would start: "
+    "Slurm's Resources/Priority/ReqNodeNotAvail, unschedulable pods), as the server last "
+    "read it from the scheduler.",
+)
+
 DASHBOARD = DashboardSpec(
     uid="gpufleet-scheduling",
     title="gpufleet / Scheduling",
     description="Per Slurm or Kubernetes cluster: nodes by state, the schedulable share, "
-    "drains and their wait.",
-    rows=[("Clusters", [BY_STATE, SCHEDULABLE, DRAINS, DRAIN_WAIT, REPAIRING])],
+    "pending GPU demand, drains and their wait.",
+    rows=[("Clusters", [BY_STATE, SCHEDULABLE, PENDING, DRAINS, DRAIN_WAIT, REPAIRING])],
     host_variables=False,
     tags=("scheduling", "slurm", "kubernetes"),
 )

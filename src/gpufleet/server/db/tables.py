@@ -235,6 +235,10 @@ class ClusterRow(_Leased, Base):
     # its hash, and when it stops working. None: no token, nothing can enroll.
     enroll_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
     enroll_token_expires_at: Mapped[dt.datetime | None]
+    # GPUs the cluster's jobs wait for (jobs that more nodes would start), as the
+    # accounting loop last read them from its scheduler; None: never read.
+    pending_gpus: Mapped[int | None] = mapped_column(Integer)
+    pending_read_at: Mapped[dt.datetime | None]
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     deleted_at: Mapped[dt.datetime | None]

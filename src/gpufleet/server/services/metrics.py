@@ -128,8 +128,10 @@ async def fleet_metrics(db: Database, *, now: dt.datetime, mttr_window_s: float)
             name=name,
             live=status != ClusterStatus.DELETED,
             breaker_tripped=tripped is not None,
+            pending_gpus=pending,
+            pending_age_s=None if read_at is None else _age(now, read_at),
         )
-        for cid, name, status, tripped, project in rows.clusters
+        for cid, name, status, tripped, project, pending, read_at in rows.clusters
     }
     return [
         *_node_counts(rows.nodes, clusters),
@@ -138,6 +140,7 @@ async def fleet_metrics(db: Database, *, now: dt.datetime, mttr_window_s: float)
         _oldest_open_steps(rows.open_steps, clusters, now=now),
         *_mttr(rows.recoveries, clusters),
         _breakers(clusters),
+        *_pending_demand(clusters),
         _report_ages(rows.report_ages, clusters, now=now),
         _build_info(),
     ]
@@ -149,6 +152,8 @@ class _Cluster:
     name: str
     live: bool  # not deleted: its zero counts are shown too
     breaker_tripped: bool
+    pending_gpus: int | None = None  # None: its scheduler was never read
+    pending_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,8 @@ async def _read_fleet(session: AsyncSession, *, since: dt.datetime, sqlite: bool
                 ClusterRow.status,
                 ClusterRow.repair_breaker_tripped_at,
                 ProjectRow.name,
+                ClusterRow.pending_gpus,
+                ClusterRow.pending_read_at,
             ).join(ProjectRow, ProjectRow.id == ClusterRow.project_id)
         ),
         nodes=await rows(
@@ -342,6 +349,25 @@ def _breakers(clusters: dict[str, _Cluster]) -> Metric:
         if cluster.live:
             family.add_metric([cluster.project, cluster.name], int(cluster.breaker_tripped))
     return family
+
+
+def _pending_demand(clusters: dict[str, _Cluster]) -> tuple[Metric, Metric]:
+    demand = GaugeMetricFamily(
+        "gpufleet_pending_gpu_demand",
+        "GPUs the cluster's pending jobs wait for (jobs more nodes would start), as last "
+        "read from its scheduler.",
+        labels=["project", "cluster"],
+    )
+    age = GaugeMetricFamily(
+        "gpufleet_pending_gpu_demand_age_seconds",
+        "How long ago the pending GPU demand was read from the cluster's scheduler.",
+        labels=["project", "cluster"],
+    )
+    for cluster in clusters.values():
+        if cluster.live and cluster.pending_gpus is not None:
+            demand.add_metric([cluster.project, cluster.name], cluster.pending_gpus)
+            age.add_metric([cluster.project, cluster.name], cluster.pending_age_s or 0.0)
+    return demand, age
 
 
 def _report_ages(

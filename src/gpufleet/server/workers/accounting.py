@@ -1,4 +1,5 @@
-"""The accounting loop: copy finished jobs from each cluster's scheduler into the store.
+"""The accounting loop: copy finished jobs from each cluster's scheduler into the store,
+and note the GPUs its pending jobs wait for (``ClusterRow.pending_gpus``).
 
 Incremental and idempotent. The watermark is derived, not stored: the newest ``ended_at``
 already copied for the cluster, less an overlap window, so jobs that reach the
@@ -64,10 +65,21 @@ class AccountingLoop(LoopService):
         for cluster in clusters:
             try:
                 await self.copy_cluster(cluster)
+                await self.read_demand(cluster)
             except DriverError as exc:  # the scheduler is down: try again next pass
                 log.warning("accounting: cluster %s: %s", cluster.name, exc.message)
             except Exception:
                 log.exception("accounting: cluster %s failed this pass", cluster.name)
+
+    async def read_demand(self, cluster: ClusterRow) -> int:
+        """Store the GPUs the cluster's jobs wait for (``Scheduler.pending_gpu_demand``:
+        jobs more nodes would start), for ``/metrics`` and the cluster's API object."""
+        pending = await scheduler_for(self.drivers, cluster).pending_gpu_demand()
+        async with self.db.transaction() as session:
+            row = await session.get(ClusterRow, cluster.id)
+            if row is not None:
+                row.pending_gpus, row.pending_read_at = pending, self.clock.now()
+        return pending
 
     async def copy_cluster(self, cluster: ClusterRow) -> int:
         """Copy the jobs that ended since the watermark. Returns rows written."""
