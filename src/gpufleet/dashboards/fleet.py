@@ -7,13 +7,23 @@ from gpufleet.dashboards.panels import CLUSTER, HOST, RATE, DashboardSpec, Panel
 
 NODES = PanelSpec(
     "Nodes by state",
-    [Query(f"sum by (state) (gpufleet_nodes_by_state{{{CLUSTER}}})", "{{state}}")],
+    [
+        Query(
+            f"sum by (state) (max without (instance) (gpufleet_nodes_by_state{{{CLUSTER}}}))",
+            "{{state}}",
+        )
+    ],
     description="Lifecycle state of every node that is not removed.",
     stacked=True,
 )
 HEALTH = PanelSpec(
     "Nodes by health",
-    [Query(f"sum by (health) (gpufleet_nodes_by_health{{{CLUSTER}}})", "{{health}}")],
+    [
+        Query(
+            f"sum by (health) (max without (instance) (gpufleet_nodes_by_health{{{CLUSTER}}}))",
+            "{{health}}",
+        )
+    ],
     description="unknown: no agent report within the staleness window.",
     stacked=True,
 )
@@ -21,7 +31,8 @@ FINDINGS = PanelSpec(
     "Open findings by signature",
     [
         Query(
-            f"sum by (signature, severity) (gpufleet_findings_open{{{CLUSTER}}})",
+            "sum by (signature, severity) "
+            f"(max without (instance) (gpufleet_findings_open{{{CLUSTER}}}))",
             "{{signature}} ({{severity}})",
         )
     ],
@@ -43,7 +54,8 @@ REPAIRS = PanelSpec(
     "Repairs by status",
     [
         Query(
-            f"sum by (status, action) (gpufleet_repairs_by_status{{{CLUSTER}}})",
+            "sum by (status, action) "
+            f"(max without (instance) (gpufleet_repairs_by_status{{{CLUSTER}}}))",
             "{{action}} {{status}}",
         )
     ],
@@ -66,9 +78,9 @@ MTTR = PanelSpec(
     "Mean time to repair",
     [
         Query(
-            f"sum by (action) (gpufleet_repair_mttr_seconds{{{CLUSTER}}} "
-            f"* gpufleet_repair_recoveries{{{CLUSTER}}}) "
-            f"/ sum by (action) (gpufleet_repair_recoveries{{{CLUSTER}}})",
+            f"sum by (action) (max without (instance) (gpufleet_repair_mttr_seconds{{{CLUSTER}}}) "
+            f"* max without (instance) (gpufleet_repair_recoveries{{{CLUSTER}}})) "
+            f"/ sum by (action) (max without (instance) (gpufleet_repair_recoveries{{{CLUSTER}}}))",
             "{{action}}",
         )
     ],

@@ -12,7 +12,8 @@ BY_STATE = PanelSpec(
     "Nodes by state, per cluster",
     [
         Query(
-            f"sum by (cluster, state) (gpufleet_nodes_by_state{{{CLUSTER}}})",
+            "sum by (cluster, state) "
+            f"(max without (instance) (gpufleet_nodes_by_state{{{CLUSTER}}}))",
             "{{cluster}} {{state}}",
         )
     ],
@@ -23,8 +24,9 @@ SCHEDULABLE = PanelSpec(
     "Schedulable share",
     [
         Query(
-            f'sum by (cluster) (gpufleet_nodes_by_state{{{CLUSTER}, state="in_service"}}) '
-            f"/ sum by (cluster) (gpufleet_nodes_by_state{{{CLUSTER}}})",
+            "sum by (cluster) "
+            f'(max without (instance) (gpufleet_nodes_by_state{{{CLUSTER}, state="in_service"}})) '
+            f"/ sum by (cluster) (max without (instance) (gpufleet_nodes_by_state{{{CLUSTER}}}))",
             "{{cluster}}",
         )
     ],
@@ -36,7 +38,8 @@ DRAINS = PanelSpec(
     "Cordoned, draining, drained",
     [
         Query(
-            f"sum by (cluster, state) (gpufleet_nodes_by_state{{{CLUSTER}, {OUT}}})",
+            "sum by (cluster, state) "
+            f"(max without (instance) (gpufleet_nodes_by_state{{{CLUSTER}, {OUT}}}))",
             "{{cluster}} {{state}}",
         )
     ],
@@ -61,8 +64,8 @@ REPAIRING = PanelSpec(
     "Nodes in repair or failed",
     [
         Query(
-            "sum by (cluster, state) "
-            f'(gpufleet_nodes_by_state{{{CLUSTER}, state=~"repairing|failed"}})',
+            "sum by (cluster, state) (max without (instance) "
+            f'(gpufleet_nodes_by_state{{{CLUSTER}, state=~"repairing|failed"}}))',
             "{{cluster}} {{state}}",
         )
     ],
@@ -73,8 +76,7 @@ PENDING = PanelSpec(
     "Pending GPU demand",
     [
         Query(
-            # max, not sum: every server replica exports the same stored reading
-            f"max by (cluster) (gpufleet_pending_gpu_demand{{{CLUSTER}}})",
+            f"sum by (cluster) (max without (instance) (gpufleet_pending_gpu_demand{{{CLUSTER}}}))",
             "{{cluster}}",
         )
     ],
@@ -84,6 +86,8 @@ PENDING = PanelSpec(
     "read it from the scheduler.",
 )
 
+# Store gauges (nodes, findings, repairs, demand) are exported alike by every server
+# replica: ``max without (instance)`` keeps one copy of each series before a sum.
 DASHBOARD = DashboardSpec(
     uid="gpufleet-scheduling",
     title="gpufleet / Scheduling",
