@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from fastapi.routing import APIRoute, iter_route_contexts
 from starlette.routing import BaseRoute
 
 from gpufleet import __version__
@@ -19,8 +20,15 @@ from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.errors import InvalidInput
 from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
+from gpufleet.server.deps import AGENT_AUTH, Guard, get_caller
 from gpufleet.server.drivers import DriverRegistry, bare_metal_providers, slurm_scheduler
-from gpufleet.server.errors import ERROR_RESPONSES, install_error_handlers
+from gpufleet.server.errors import (
+    ERROR_RESPONSES,
+    RouteTraits,
+    document_errors,
+    error_statuses,
+    install_error_handlers,
+)
 from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.ingest import ReportIngestor
 from gpufleet.server.limits import BodySizeLimit
@@ -244,7 +252,8 @@ def _route_table() -> tuple[BaseRoute, ...]:
 
 def _hoist_body_defs(app: FastAPI) -> None:
     """Routes that parse their own body (``routers/agent.py``) declare its schema with
-    ``$defs``; move those into ``components.schemas`` where their ``$ref``s point."""
+    ``$defs``; move those into ``components.schemas`` where their ``$ref``s point. And
+    every /api/v1 operation gets the 4xx it can answer (``errors.document_errors``)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -258,10 +267,44 @@ def _hoist_body_defs(app: FastAPI) -> None:
                 for media in content.values():
                     for name, definition in media.get("schema", {}).pop("$defs", {}).items():
                         components.setdefault(name, definition)
+        _document_error_statuses(app, schema)
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _document_error_statuses(app: FastAPI, schema: dict[str, Any]) -> None:
+    paths = schema.get("paths", {})
+    for context in iter_route_contexts(app.routes):
+        route, path = context.original_route, context.path_format or ""
+        if not isinstance(route, APIRoute) or not path.startswith("/api/"):
+            continue
+        traits = _route_traits(route)
+        for method in context.methods or ():
+            operation = paths.get(path, {}).get(method.lower())
+            if operation is not None:
+                document_errors(operation, error_statuses(method, traits))
+
+
+def _route_traits(route: APIRoute) -> RouteTraits:
+    calls: list[Any] = []
+    params = False
+    pending = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        calls.append(dependant.call)
+        params = params or bool(
+            dependant.path_params or dependant.query_params or dependant.header_params
+        )
+        pending.extend(dependant.dependencies)
+    has_body = route.body_field is not None or "requestBody" in (route.openapi_extra or {})
+    return RouteTraits(
+        user_auth=any(isinstance(c, Guard) or c is get_caller for c in calls),
+        agent_auth=any(c in AGENT_AUTH for c in calls),
+        has_body=has_body,
+        has_params=params,
+    )
 
 
 async def _start_externalgrpc(ctx: AppContext) -> Any:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -41,6 +43,7 @@ from gpufleet.server.db.tables import (
 )
 from gpufleet.server.services.audit import AuditTarget, current_request
 from gpufleet.server.services.auth import Caller, resolve_caller
+from gpufleet.server.services.enrollment import enroll_token_hash
 from gpufleet.server.services.node_callers import (
     NodeCaller,
     node_token_hash,
@@ -114,6 +117,15 @@ async def node_token(request: Request) -> str:
 NodeToken = Annotated[str, Depends(node_token)]
 
 
+async def enroll_token(request: Request) -> str:
+    """The enroll token's hash, from the header alone: a caller without one is refused
+    before the body is read, and learns nothing of it."""
+    return enroll_token_hash(bearer_token(request))
+
+
+EnrollToken = Annotated[str, Depends(enroll_token)]
+
+
 async def get_node_caller(token_hash: NodeToken, ctx: CtxDep) -> NodeCaller:
     """The node whose agent calls: 401 for an unknown token or a node being removed."""
     async with ctx.db.session() as session:
@@ -124,6 +136,51 @@ async def get_node_caller(token_hash: NodeToken, ctx: CtxDep) -> NodeCaller:
 # ``NodeToken`` and leaves the lookup to the ingest's group commit: one query for every
 # batch in the group (``services.agent_reports``), with the same refused states.
 NodeCallerDep = Annotated[NodeCaller, Depends(get_node_caller)]
+
+# The dependencies that authenticate an agent, and those that authenticate a person
+# (besides ``Guard``, behind ``Allow``): the OpenAPI document lists 401 for their routes.
+AGENT_AUTH = frozenset({node_token, get_node_caller, enroll_token})
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class JsonBody(Generic[M]):
+    """A JSON body, parsed by a dependency rather than by FastAPI: declared after the
+    route's credential (``body: Annotated[M, Depends(JsonBody(M))]``), it is read only
+    once the caller is known, so a forged token is a 401 whatever the body. FastAPI
+    parses a declared body before any dependency runs. The route declares the schema
+    with ``openapi_extra=body_schema(M)``."""
+
+    def __init__(self, model: type[M]) -> None:
+        self.model = model
+
+    async def __call__(self, request: Request) -> M:
+        return parse_json_body(self.model, await request.body())
+
+
+def parse_json_body(model: type[M], raw: bytes) -> M:
+    """``model`` from a body's bytes; the same 400/422 answers as a FastAPI body."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a body the route parses itself (``JsonBody``, ``post_reports``)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")
+                }
+            },
+        }
+    }
 
 
 # -- what a request is about ------------------------------------------------------------

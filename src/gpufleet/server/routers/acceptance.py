@@ -12,6 +12,7 @@ from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.acceptance import RunAcceptanceRequest
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(tags=["acceptance"])
@@ -27,7 +28,9 @@ async def list_acceptance_runs(
     caller: Reader,
     ctx: CtxDep,
     trigger: AcceptanceTrigger | None = None,
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=50, ge=1, le=1000),
 ) -> Page[AcceptanceRun]:
     """The cluster's acceptance runs, newest first."""

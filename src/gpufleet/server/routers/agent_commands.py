@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from gpufleet.core.agent_protocol import (
     COMMAND_WAIT_MAX_S,
@@ -25,7 +25,7 @@ from gpufleet.core.agent_protocol import (
 from gpufleet.core.errors import InvalidInput
 from gpufleet.core.ids import is_id
 from gpufleet.server.context import AppContext
-from gpufleet.server.deps import CtxDep, NodeCallerDep
+from gpufleet.server.deps import CtxDep, JsonBody, NodeCallerDep, body_schema
 from gpufleet.server.services.agent_commands import claim_commands, record_command_result
 from gpufleet.server.services.command_signals import signals_for
 from gpufleet.server.services.node_callers import NodeCaller
@@ -111,9 +111,12 @@ async def _claim_now(
     return poll
 
 
-@router.post("/commands/{command_id}/result")
+@router.post("/commands/{command_id}/result", openapi_extra=body_schema(CommandResult))
 async def post_command_result(
-    command_id: str, caller: NodeCallerDep, body: CommandResult, ctx: CtxDep
+    command_id: str,
+    caller: NodeCallerDep,
+    body: Annotated[CommandResult, Depends(JsonBody(CommandResult))],
+    ctx: CtxDep,
 ) -> CommandResultAck:
     """Idempotent: the same result again is 200 with ``duplicate``, stored once."""
     async with ctx.db.transaction() as session:

@@ -13,6 +13,7 @@ from gpufleet.core.errors import InvalidInput
 from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/audit", tags=["audit"])
@@ -29,7 +30,9 @@ async def list_audit(
     ),
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[AuditEntry]:
     """Newest first; ``cursor`` is the last page's ``next_cursor``."""

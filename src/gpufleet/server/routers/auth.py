@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import RedirectResponse
@@ -21,6 +21,7 @@ from gpufleet.core.errors import InvalidInput, NotFound, Unauthorized
 from gpufleet.core.models import AuthConfig, CreatedToken, Membership
 from gpufleet.server.context import AppContext
 from gpufleet.server.deps import CtxDep, SignedIn, client_ip
+from gpufleet.server.errors import ERROR_DESCRIPTIONS
 from gpufleet.server.limits import RateLimiter
 from gpufleet.server.schemas.auth import AuthMe, CreateDeviceTokenRequest
 from gpufleet.server.services.oidc import OidcConfig, OidcRelyingParty
@@ -42,6 +43,13 @@ def relying_party(ctx: AppContext) -> OidcRelyingParty:
             )
         ctx.oidc = OidcRelyingParty(config, clock=ctx.clock)
     return ctx.oidc
+
+
+# The login routes: 404 where no OIDC provider is configured, 429 from ``limit``.
+LOGIN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"description": "OIDC login is not configured on this server"},
+    429: {"description": ERROR_DESCRIPTIONS[429]},
+}
 
 
 def limit(ctx: AppContext, request: Request, what: str) -> None:
@@ -96,7 +104,12 @@ async def auth_config(ctx: CtxDep) -> AuthConfig:
     )
 
 
-@router.get("/login", status_code=status.HTTP_302_FOUND, response_class=RedirectResponse)
+@router.get(
+    "/login",
+    status_code=status.HTTP_302_FOUND,
+    response_class=RedirectResponse,
+    responses=LOGIN_RESPONSES,
+)
 async def login(
     request: Request, ctx: CtxDep, next_path: Annotated[str, Query(alias="next")] = "/"
 ) -> RedirectResponse:
@@ -132,7 +145,12 @@ async def login(
     return response
 
 
-@router.get("/callback", status_code=status.HTTP_303_SEE_OTHER, response_class=RedirectResponse)
+@router.get(
+    "/callback",
+    status_code=status.HTTP_303_SEE_OTHER,
+    response_class=RedirectResponse,
+    responses=LOGIN_RESPONSES,
+)
 async def callback(
     request: Request,
     ctx: CtxDep,
@@ -232,7 +250,7 @@ async def me(request: Request, caller: SignedIn, ctx: CtxDep) -> AuthMe:
     )
 
 
-@router.post("/device-token", status_code=status.HTTP_201_CREATED)
+@router.post("/device-token", status_code=status.HTTP_201_CREATED, responses=LOGIN_RESPONSES)
 async def device_token(
     body: CreateDeviceTokenRequest, request: Request, ctx: CtxDep
 ) -> CreatedToken:

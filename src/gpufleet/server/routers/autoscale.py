@@ -23,6 +23,7 @@ from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.autoscale import PowerRequest, SetAutoscaleRequest
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.services import autoscale as autoscale_services
 from gpufleet.server.services import autoscale_settings, power_saving
 from gpufleet.server.services.audit import record_audit
@@ -61,7 +62,9 @@ async def list_autoscale_actions(
     caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)],
     ctx: CtxDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    cursor: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[
+        str | None, Query(pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION)
+    ] = None,
 ) -> Page[AutoscaleAction]:
     """The cluster's changes of size, newest first."""
     async with ctx.db.session() as session:

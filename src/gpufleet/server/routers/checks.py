@@ -14,6 +14,7 @@ from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
 from gpufleet.server.schemas.checks import CheckRun, CreateCheckRunRequest
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/checks", tags=["checks"])
@@ -42,7 +43,9 @@ async def list_checks(
     status: list[CheckStatus] | None = Query(default=None),
     kind: CheckKind | None = None,
     parent: str | None = Query(default=None, max_length=36),
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[CheckRun]:
     """Newest first, without ``result`` (GET one run for it)."""

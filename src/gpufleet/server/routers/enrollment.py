@@ -5,25 +5,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request, status
+from fastapi import APIRouter, Request, status
 
 from gpufleet.core.agent_protocol import EnrollAck, EnrollRequest
 from gpufleet.core.models import EnrollTokenRequest, IssuedEnrollToken
 from gpufleet.core.rbac import Permission
-from gpufleet.server.deps import Allow, CtxDep, bearer_token, client_ip
+from gpufleet.server.deps import Allow, CtxDep, EnrollToken, client_ip
 from gpufleet.server.services.auth import Caller
-from gpufleet.server.services.enrollment import enroll, enroll_token_hash, issue_enroll_token
+from gpufleet.server.services.enrollment import enroll, issue_enroll_token
 
 router = APIRouter(tags=["enrollment"])
-
-
-async def enroll_token(request: Request) -> str:
-    """The enroll token's hash, from the header alone: a caller without one is refused
-    before the body is read, and learns nothing of it."""
-    return enroll_token_hash(bearer_token(request))
-
-
-EnrollToken = Annotated[str, Depends(enroll_token)]
 
 
 @router.post("/clusters/{cluster_id}/enroll-token", status_code=status.HTTP_201_CREATED)

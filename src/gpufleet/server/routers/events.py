@@ -11,6 +11,7 @@ from gpufleet.core.errors import InvalidInput
 from gpufleet.core.models import Event, Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.nodes import get_node_row_or_error
@@ -29,7 +30,9 @@ async def list_events(
     kind: list[EventKind] | None = Query(default=None),
     since: dt.datetime | None = None,
     until: dt.datetime | None = None,
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[Event]:
     for name, value in (("since", since), ("until", until)):

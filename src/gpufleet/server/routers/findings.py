@@ -8,6 +8,7 @@ import gpufleet.server.services.findings as findings_services
 from gpufleet.core.models import Finding, Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.services.auth import Caller
 
 router = APIRouter(prefix="/findings", tags=["findings"])
@@ -22,7 +23,9 @@ async def list_findings(
     gpu: str | None = Query(default=None, max_length=80, description="GPU UUID"),
     signature: str | None = Query(default=None, max_length=80),
     open: bool | None = Query(default=None, description="true: open only; false: cleared only"),
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[Finding]:
     async with ctx.db.session() as session:

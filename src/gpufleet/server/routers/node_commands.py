@@ -16,6 +16,7 @@ from gpufleet.core.agent_protocol import CommandRecord, CommandStatus
 from gpufleet.core.models import Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.schemas.node_commands import CancelCommandRequest, RunCommandRequest
 from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.command_records import command_row_to_record
@@ -33,7 +34,9 @@ async def list_node_commands(
     ctx: CtxDep,
     status: CommandStatus | None = None,
     output: bool = Query(default=True, description="Include each result's stdout/stderr."),
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=50, ge=1, le=500),
 ) -> Page[CommandRecord]:
     """Newest first."""

@@ -9,6 +9,7 @@ from gpufleet.core.enums import Health, NodeState
 from gpufleet.core.models import IssuedNodeToken, Node, Page
 from gpufleet.core.rbac import Permission
 from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.services.auth import Caller
 from gpufleet.server.services.clusters import get_cluster_row_or_error
 from gpufleet.server.services.node_tokens import issue_node_token
@@ -24,7 +25,9 @@ async def list_nodes(
     state: NodeState | None = None,
     health: Health | None = None,
     gpus: bool = Query(default=False, description="Include each node's GPUs."),
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[Node]:
     async with ctx.db.session() as session:

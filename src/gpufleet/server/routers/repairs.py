@@ -16,6 +16,7 @@ from gpufleet.core.repair.models import PolicyConfig, RepairKind
 from gpufleet.core.repair.replay import ReplayReport
 from gpufleet.server.context import AppContext
 from gpufleet.server.deps import Allow, CtxDep
+from gpufleet.server.schemas.common import CURSOR_DESCRIPTION, CURSOR_PATTERN
 from gpufleet.server.schemas.repairs import (
     ApproveRepairRequest,
     DismissRepairRequest,
@@ -43,7 +44,9 @@ async def list_repairs(
     status: list[RepairStatus] | None = Query(default=None),
     kind: RepairKind | None = None,
     open: bool = Query(default=False, description="Only proposed and in-flight repairs."),
-    cursor: str | None = Query(default=None, max_length=36),
+    cursor: str | None = Query(
+        default=None, pattern=CURSOR_PATTERN, description=CURSOR_DESCRIPTION
+    ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[Repair]:
     async with ctx.db.session() as session:
