@@ -274,11 +274,11 @@ async def test_a_forged_node_token_is_refused_before_the_body_is_read(
         p for p, ops in paths.items() if p.startswith("/api/v1/agent/") and "post" in ops
     ]
     assert len(agent_posts) >= 4
-    headers = {"Authorization": "Bearer gpfn_forged", "Content-Type": "application/json"}
     async with fuzz_app.anonymous() as client:
         for template in agent_posts:
-            if template == "/api/v1/agent/enroll":
-                continue  # an enroll token, looked up with the body (services/enrollment.py)
+            # The enroll route takes a cluster's enroll token, the others a node's.
+            forged = "gpfe_forged" if template == "/api/v1/agent/enroll" else "gpfn_forged"
+            headers = {"Authorization": f"Bearer {forged}", "Content-Type": "application/json"}
             for body in (None, b"", b"{", b"{}", b"[]", b'{"reports": 1}'):
                 response = await client.post(_concrete(template), content=body, headers=headers)
                 assert response.status_code == 401, (template, body, response.text)

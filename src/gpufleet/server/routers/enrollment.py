@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Depends, Request, status
 
 from gpufleet.core.agent_protocol import EnrollAck, EnrollRequest
 from gpufleet.core.models import EnrollTokenRequest, IssuedEnrollToken
 from gpufleet.core.rbac import Permission
-from gpufleet.server.deps import Allow, CtxDep, EnrollToken, client_ip
+from gpufleet.server.deps import Allow, CtxDep, EnrollToken, JsonBody, body_schema, client_ip
 from gpufleet.server.services.auth import Caller
-from gpufleet.server.services.enrollment import enroll, issue_enroll_token
+from gpufleet.server.services.enrollment import check_enroll_token, enroll, issue_enroll_token
 
 router = APIRouter(tags=["enrollment"])
 
@@ -31,12 +31,25 @@ async def issue_token(
     )
 
 
-@router.post("/agent/enroll", status_code=status.HTTP_201_CREATED)
+async def _checked_enroll_token(token_hash: EnrollToken, ctx: CtxDep) -> str:
+    await check_enroll_token(ctx.db, token_hash=token_hash, now=ctx.clock.now())
+    return token_hash
+
+
+@router.post(
+    "/agent/enroll",
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=body_schema(EnrollRequest),
+)
 async def enroll_agent(
-    token_hash: EnrollToken, body: EnrollRequest, request: Request, ctx: CtxDep
+    token_hash: Annotated[str, Depends(_checked_enroll_token)],
+    body: Annotated[EnrollRequest, Depends(JsonBody(EnrollRequest))],
+    request: Request,
+    ctx: CtxDep,
 ) -> EnrollAck:
     """A bare-metal machine's agent, with its cluster's enroll token as the bearer, gets
-    the token of the node waiting for its host (shown once)."""
+    the token of the node waiting for its host (shown once). The token is checked before
+    the body is read: a forged one is a 401 whatever the body."""
     return await enroll(
         ctx.db,
         token_hash=token_hash,

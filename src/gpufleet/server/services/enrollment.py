@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import EnrollAck, EnrollRequest
 from gpufleet.core.clock import as_utc
@@ -122,6 +123,29 @@ def enroll_token_hash(token: str) -> str:
     return hash_token(token)
 
 
+async def check_enroll_token(db: Database, *, token_hash: str, now: dt.datetime) -> None:
+    """``Unauthorized`` unless the enroll token opens a cluster now: checked before the
+    request's body is read, so a forged token learns nothing of what a body should be."""
+    async with db.session() as session:
+        await _cluster_of_token(session, token_hash=token_hash, now=now)
+
+
+async def _cluster_of_token(
+    session: AsyncSession, *, token_hash: str, now: dt.datetime
+) -> ClusterRow:
+    cluster = await session.scalar(
+        select(ClusterRow).where(ClusterRow.enroll_token_hash == token_hash)
+    )
+    if (
+        cluster is None
+        or cluster.status in _CLOSED
+        or cluster.enroll_token_expires_at is None
+        or as_utc(cluster.enroll_token_expires_at) <= now
+    ):
+        raise Unauthorized(REFUSED)
+    return cluster
+
+
 async def enroll(
     db: Database,
     *,
@@ -141,16 +165,7 @@ async def enroll(
             token``).
     """
     async with db.transaction() as session:
-        cluster = await session.scalar(
-            select(ClusterRow).where(ClusterRow.enroll_token_hash == token_hash)
-        )
-        if (
-            cluster is None
-            or cluster.status in _CLOSED
-            or cluster.enroll_token_expires_at is None
-            or as_utc(cluster.enroll_token_expires_at) <= now
-        ):
-            raise Unauthorized(REFUSED)
+        cluster = await _cluster_of_token(session, token_hash=token_hash, now=now)
         host = await session.scalar(
             select(HostRow).where(
                 HostRow.hostname == request.hostname, HostRow.cluster_id == cluster.id
