@@ -40,6 +40,8 @@ class ScrapeJob:
     interval_s: float = 1.0
     # Target labels every scraped series gets (as a service discovery would set them).
     labels: tuple[tuple[str, str], ...] = ()
+    # More targets in the same job (one job of many nodes, as a fleet's agents are).
+    more_targets: tuple[str, ...] = ()
 
     def as_config(self) -> dict[str, Any]:
         job: dict[str, Any] = {
@@ -47,7 +49,9 @@ class ScrapeJob:
             "metrics_path": self.metrics_path,
             "scrape_interval": f"{self.interval_s:g}s",
             "scrape_timeout": f"{self.interval_s:g}s",
-            "static_configs": [{"targets": [self.target], "labels": dict(self.labels)}],
+            "static_configs": [
+                {"targets": [self.target, *self.more_targets], "labels": dict(self.labels)}
+            ],
         }
         if self.token_file is not None:
             job["authorization"] = {"type": "Bearer", "credentials_file": str(self.token_file)}
@@ -135,6 +139,12 @@ class PrometheusServer:
         body = httpx.get(f"{self.url}/api/v1/rules", timeout=10).json()
         groups: Result = body["data"]["groups"]
         return groups
+
+    def alerts(self) -> Result:
+        """The alerts pending or firing now (each with its labels, state and activeAt)."""
+        body = httpx.get(f"{self.url}/api/v1/alerts", timeout=10).json()
+        alerts: Result = body["data"]["alerts"]
+        return alerts
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
