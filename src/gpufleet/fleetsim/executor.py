@@ -6,24 +6,21 @@ from __future__ import annotations
 
 import random
 from functools import partial
-from typing import TYPE_CHECKING
 
 from gpufleet.core.enums import RepairAction, RepairStatus
 from gpufleet.core.repair.ladder import rank
 from gpufleet.core.repair.models import ACTIVE_STATUSES, RepairKind
 from gpufleet.core.repair.policy import breaker_would_trip
 from gpufleet.fleetsim.model import FIX_RANK, Fix
+from gpufleet.fleetsim.ports import Pipeline
 from gpufleet.fleetsim.state import Fault, Holder, Node, Role, seconds
-
-if TYPE_CHECKING:
-    from gpufleet.fleetsim.repairs import RepairPipeline
 
 # A fault no node action can cure: nothing there, maintenance, or the switch.
 NOT_THE_NODE = (Fix.SELF, Fix.SWITCH, Fix.NONE)
 
 
 class RepairExecutor:
-    def __init__(self, pipe: RepairPipeline) -> None:
+    def __init__(self, pipe: Pipeline) -> None:
         self.pipe = pipe
         self.sim = pipe.sim
         self.tripped = False

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from functools import partial
-from typing import TYPE_CHECKING
 
 from gpufleet.core.enums import NodeState, RepairAction, RepairStatus, Severity
 from gpufleet.core.repair.models import (
@@ -38,10 +37,8 @@ from gpufleet.core.repair.models import (
 from gpufleet.core.repair.policy import plan
 from gpufleet.fleetsim.executor import RepairExecutor
 from gpufleet.fleetsim.model import Fix
+from gpufleet.fleetsim.ports import Engine
 from gpufleet.fleetsim.state import Fault, Holder, Node, Role, seconds, timestamp
-
-if TYPE_CHECKING:
-    from gpufleet.fleetsim.engine import Simulation
 
 # After an InfiniBand finding gpufleet runs ib_write_bw on the node (assumption, as
 # MegaScale's diagnostic tests): a port that stays down fails it.
@@ -49,7 +46,7 @@ DIAGNOSTIC = "check-ib-write-bw-failed"
 PRUNE_EVERY_S = 3600.0
 
 
-def policy_config(sim: Simulation) -> PolicyConfig:
+def policy_config(sim: Engine) -> PolicyConfig:
     """The project's policy: the defaults, the chosen auto-approvals, and incidents off
     by asking for more nodes than the fleet has."""
     return PolicyConfig(
@@ -59,7 +56,7 @@ def policy_config(sim: Simulation) -> PolicyConfig:
 
 
 class RepairPipeline:
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: Engine) -> None:
         self.sim = sim
         self.config = policy_config(sim)
         self.repairs: dict[str, RepairFact] = {}
