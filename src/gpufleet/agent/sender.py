@@ -8,6 +8,12 @@ repeats, so a batch resent after a timeout whose answer was lost does no harm.
 
 A 4xx is not retried quickly: it will fail the same way until someone fixes the token or
 the agent. Findings are still kept (never dropped) and retried at the slow pace.
+
+With several server replicas (``server_url`` a comma-separated list) the client has
+already tried each of them before a send fails here (``client/http.py``): a batch cut off
+by a dying replica goes to the next one at once, and only "no replica answered" or a
+5xx from the last one reaches the backoff. The replicas share one store, so the ``seq``
+dedupe holds across them (docs/high-availability.md).
 """
 
 from __future__ import annotations

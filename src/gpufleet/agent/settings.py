@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from gpufleet.agent.metrics_settings import MetricsSettings
+from gpufleet.client.http import parse_server_urls
 from gpufleet.schedulers.kubernetes.config import SERVICE_ACCOUNT_DIR
 
 _LOG_SOURCE = re.compile(r"^(auto|kmsg|journal|none|file:.+)$")
@@ -24,7 +25,11 @@ class AgentSettings(MetricsSettings):
 
     server_url: str = Field(
         default="http://127.0.0.1:8080",
-        description="Base URL of the gpufleet server (the server's public_url).",
+        description=(
+            "Base URL of the gpufleet server (the server's public_url); with several "
+            "replicas, all their URLs comma-separated: the agent sends to the one that "
+            "answered last and moves to the next when it is down (docs/high-availability.md)."
+        ),
     )
     node_token: SecretStr | None = Field(
         default=None,
@@ -322,6 +327,12 @@ class AgentSettings(MetricsSettings):
         if not _LOG_SOURCE.match(value):
             raise ValueError("kernel_log must be auto, kmsg, journal, none or file:PATH")
         return value
+
+    @field_validator("server_url")
+    @classmethod
+    def _server_urls(cls, value: str) -> str:
+        # Checked here, so a typo stops the agent at start, not at its first report.
+        return ",".join(parse_server_urls(value))
 
     @field_validator("kubernetes_api_url")
     @classmethod

@@ -3,6 +3,10 @@
 Credentials are ``{"url", "token"}`` in ``$XDG_CONFIG_HOME/gpufleet/credentials.json``
 (default ``~/.config/gpufleet``), readable by the owner only. ``GPUFLEET_URL`` and
 ``GPUFLEET_TOKEN`` (or ``--url``/``--token``) override what is saved.
+
+A URL may be several, comma-separated: the replicas of one server
+(docs/high-availability.md). The client asks the one that answered last and moves to
+the next when it is down.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from gpufleet.cli.env import ENV_TOKEN as ENV_TOKEN
 from gpufleet.cli.env import ENV_URL as ENV_URL
 from gpufleet.cli.errors import CliError
 from gpufleet.client.api import ApiClient
+from gpufleet.client.http import parse_server_urls
 
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -90,7 +95,8 @@ def resolve_credentials(*, url: str | None, token: str | None) -> Credentials:
     """Combine overrides with the saved file. Raises ``CliError`` (exit 2) when incomplete.
 
     A saved token is only sent to the URL it was saved for: pointing the CLI at another
-    server with ``GPUFLEET_URL`` must not hand that server your token.
+    server with ``GPUFLEET_URL`` must not hand that server your token. Of a server saved
+    with several replica URLs, any of them (or several) is that server.
     """
     saved = load_credentials()
     eff_url = url or (saved.url if saved else None)
@@ -106,13 +112,23 @@ def resolve_credentials(*, url: str | None, token: str | None) -> Credentials:
     return Credentials(url=eff_url, token=eff_token)
 
 
-def _same_url(a: str, b: str | None) -> bool:
-    return b is not None and a.rstrip("/") == b.rstrip("/")
+def _same_url(saved: str, b: str | None) -> bool:
+    if b is None:
+        return False
+    try:
+        return set(parse_server_urls(b)) <= set(parse_server_urls(saved))
+    except ValueError:  # a malformed list is nobody's server: the plain comparison decides
+        return saved.rstrip("/") == b.rstrip("/")
 
 
 def make_client(creds: Credentials) -> ApiClient:
-    """The one place the CLI builds an ``ApiClient``; tests monkeypatch it."""
-    return ApiClient(base_url=creds.url, token=creds.token)
+    """The one place the CLI builds an ``ApiClient``; tests monkeypatch it.
+
+    Raises ``CliError`` (exit 2) for a URL list the client cannot use."""
+    try:
+        return ApiClient(base_url=creds.url, token=creds.token)
+    except ValueError as exc:
+        raise CliError(f"bad server URL: {exc}") from exc
 
 
 def client_for(ctx: typer.Context) -> ApiClient:

@@ -1,4 +1,11 @@
-"""The agent side of the agent protocol: send report batches with a node token."""
+"""The agent side of the agent protocol: send report batches with a node token.
+
+``base_url`` may name several replicas of the server, comma-separated: each request goes
+to the one that answered last and fails over to the next when it is down
+(``client/http.py``). Every call here is safe to repeat on another replica (the server
+drops repeats by ``seq`` or id), so a request cut off mid-way moves on too; enrollment,
+which is not, moves on only when no replica took the request.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from types import TracebackType
 import httpx
 
 from gpufleet.client.errors import ApiError, ServerUnreachable
-from gpufleet.client.http import raise_for_error
+from gpufleet.client.http import ServerUrls, asend_with_failover, raise_for_error
 from gpufleet.core.agent_protocol import (
     MAX_HAVE,
     CommandPoll,
@@ -38,15 +45,17 @@ async def enroll(
     """Trade the cluster's enroll token and this machine's hostname for its node token
     (bare metal, ``server/services/enrollment.py``). Raises ``ApiError`` (401: the token
     is refused; 404: no such host; 409: no node waits for it yet, or it already enrolled)
-    or ``ServerUnreachable``."""
-    try:
-        response = await http.post(
-            base_url.rstrip("/") + ENROLL_PATH,
-            content=request.model_dump_json(exclude_none=True),
-            headers={"Authorization": f"Bearer {enroll_token}", "Content-Type": "application/json"},
-        )
-    except httpx.TransportError as exc:
-        raise ServerUnreachable(f"{base_url}: {exc!r}") from exc
+    or ``ServerUnreachable``. ``base_url``: one URL or several, comma-separated."""
+    response = await asend_with_failover(
+        http,
+        ServerUrls(base_url),
+        "POST",
+        ENROLL_PATH,
+        # A second enrollment of the same host is refused (409): never send it twice.
+        idempotent=False,
+        content=request.model_dump_json(exclude_none=True),
+        headers={"Authorization": f"Bearer {enroll_token}", "Content-Type": "application/json"},
+    )
     raise_for_error(response)
     return EnrollAck.model_validate_json(response.content)
 
@@ -54,7 +63,8 @@ async def enroll(
 class AgentClient:
     """Async client used by the real agent and the simulated ones.
 
-    Pass ``transport`` to share one connection pool between many simulated agents.
+    Pass ``http`` to share one connection pool between many simulated agents.
+    ``base_url``: the server's URL, or its replicas' URLs comma-separated.
     """
 
     def __init__(
@@ -67,8 +77,8 @@ class AgentClient:
     ) -> None:
         self._own_http = http is None
         self._timeout_s = timeout_s
-        self._http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
-        self._base_url = base_url.rstrip("/")
+        self._urls = ServerUrls(base_url)
+        self._http = http or httpx.AsyncClient(timeout=timeout_s)
         self._headers = {"Authorization": f"Bearer {node_token}"}
 
     def set_token(self, node_token: str) -> None:
@@ -101,15 +111,16 @@ class AgentClient:
             ("wait_s", f"{wait_s:g}"),
             *(("have", h) for h in have[:MAX_HAVE]),
         ]
-        try:
-            response = await self._http.get(
-                self._base_url + COMMANDS_PATH,
-                params=params,
-                headers=self._headers,
-                timeout=self._timeout_s + wait_s,
-            )
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(f"{self._base_url}: {exc!r}") from exc
+        response = await asend_with_failover(
+            self._http,
+            self._urls,
+            "GET",
+            COMMANDS_PATH,
+            idempotent=True,
+            params=params,
+            headers=self._headers,
+            timeout=self._timeout_s + wait_s,
+        )
         raise_for_error(response)
         return CommandPoll.model_validate_json(response.content)
 
@@ -122,24 +133,35 @@ class AgentClient:
 
     async def get_access(self) -> AccessConfig:
         """GET who has sudo and Slurm admin on this node's cluster (its project's admins)."""
-        try:
-            response = await self._http.get(
-                self._base_url + ACCESS_PATH, headers=self._headers, timeout=self._timeout_s
-            )
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(f"{self._base_url}: {exc!r}") from exc
+        response = await asend_with_failover(
+            self._http,
+            self._urls,
+            "GET",
+            ACCESS_PATH,
+            idempotent=True,
+            headers=self._headers,
+            timeout=self._timeout_s,
+        )
         raise_for_error(response)
         return AccessConfig.model_validate_json(response.content)
 
+    @property
+    def server_url(self) -> str:
+        """The replica the next request goes to first (the one that answered last)."""
+        return self._urls.current
+
     async def _post(self, path: str, body: str) -> httpx.Response:
-        try:
-            response = await self._http.post(
-                self._base_url + path,
-                content=body,
-                headers={**self._headers, "Content-Type": "application/json"},
-            )
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(f"{self._base_url}: {exc!r}") from exc
+        # Safe to send twice, to two replicas: reports, findings and events carry the
+        # node's seq or ids, and a command's result is stored once.
+        response = await asend_with_failover(
+            self._http,
+            self._urls,
+            "POST",
+            path,
+            idempotent=True,
+            content=body,
+            headers={**self._headers, "Content-Type": "application/json"},
+        )
         raise_for_error(response)
         return response
 

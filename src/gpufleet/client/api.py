@@ -22,7 +22,7 @@ from gpufleet.client.access import AccessCalls
 from gpufleet.client.autoscale import AutoscaleCalls
 from gpufleet.client.calls import API, segment
 from gpufleet.client.errors import ApiError, ServerUnreachable
-from gpufleet.client.http import raise_for_error
+from gpufleet.client.http import ServerUrls, is_idempotent, raise_for_error, send_with_failover
 from gpufleet.client.inventory import InventoryCalls
 from gpufleet.client.providers import ProviderCalls
 from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
@@ -94,12 +94,12 @@ def replay_adapter() -> TypeAdapter[ReplayReport]:
 QueryValue = str | int | list[str]
 
 
-def _tls_context(base_url: str) -> ssl.SSLContext | bool:
-    """httpx's default (certifi's bundle) for an https server; for a plain-HTTP one, a
+def _tls_context(*base_urls: str) -> ssl.SSLContext | bool:
+    """httpx's default (certifi's bundle) for an https server; for plain-HTTP ones, a
     context that trusts nothing, made in microseconds where loading the bundle takes
     20-40 ms of every command's start. The client follows no redirects, so it never
     leaves the plain-HTTP server; were it to reach an https URL, it would refuse it."""
-    if base_url.startswith("http://"):
+    if all(url.startswith("http://") for url in base_urls):
         return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     return True
 
@@ -138,6 +138,9 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
     ``token`` is an API token (``Authorization: Bearer``); ``None`` only reaches the
     unauthenticated endpoints (``health``, ``ready``). Pass ``transport`` in tests
     (e.g. ``httpx.MockTransport``) or to route through an ASGI app.
+
+    ``base_url`` may name several replicas, comma-separated: a request that finds one
+    down (no connection, or a 502/503/504) goes to the next (``client/http.py``).
     """
 
     def __init__(
@@ -148,17 +151,21 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self._urls = ServerUrls(base_url)
         headers = {"Accept": "application/json", "User-Agent": "gpufleet-client"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.Client(
-            base_url=self.base_url,
             headers=headers,
             timeout=timeout_s,
             transport=transport,
-            verify=_tls_context(self.base_url),
+            verify=_tls_context(*self._urls.all),
         )
+
+    @property
+    def base_url(self) -> str:
+        """The server's URL: of several replicas, the one that answered last."""
+        return self._urls.current
 
     # -- plumbing -------------------------------------------------------------------
     def _send(
@@ -171,14 +178,16 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
         timeout_s: float | None = None,
     ) -> httpx.Response:
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
-        try:
-            return self._http.request(
-                method, path, params=_query(params or {}), json=body, timeout=timeout
-            )
-        except httpx.TransportError as exc:
-            raise ServerUnreachable(
-                f"cannot reach the gpufleet server at {self.base_url}: {exc}"
-            ) from exc
+        return send_with_failover(
+            self._http,
+            self._urls,
+            method,
+            path,
+            idempotent=is_idempotent(method),
+            params=_query(params or {}),
+            json=body,
+            timeout=timeout,
+        )
 
     def _call(
         self,
