@@ -42,6 +42,7 @@ def test_admin_has_every_project_permission() -> None:
         Permission.PROJECT_CREATE,
         Permission.USER_READ,
         Permission.USER_MANAGE,
+        Permission.STACK_MANAGE,
         Permission.METRICS_READ,
     } == OWNER_ONLY
 

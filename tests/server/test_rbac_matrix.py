@@ -129,6 +129,13 @@ async def _fresh_token(w: World) -> dict[str, str]:
     return {"token_id": token["info"]["id"]}
 
 
+async def _fresh_stack(w: World) -> dict[str, str]:
+    name = unique("stack-")
+    made = await w.app.client.post("/api/v1/stacks", json={"name": name, "driver": "580.95.05"})
+    assert made.status_code == 201, made.text
+    return {"stack_name": name}
+
+
 async def _fresh_repair(w: World) -> dict[str, str]:
     return {"repair_id": await w.new_repair(w.a)}
 
@@ -273,6 +280,13 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/v1/health/summary"): Rule(P.CLUSTER_READ, query=_cluster_filter),
     ("GET", "/api/v1/usage/gpu-hours"): Rule(P.USAGE_READ, query=_project_filter),
     ("GET", "/api/v1/reliability"): Rule(P.REPAIR_READ, query=_project_filter),
+    # Software stacks: the platform's; everyone signed in reads them.
+    ("GET", "/api/v1/stacks"): Rule(SIGNED_IN),
+    ("POST", "/api/v1/stacks"): Rule(
+        P.STACK_MANAGE, body=lambda _w, _v: {"name": unique("stack-"), "cuda": "12.8"}
+    ),
+    ("GET", "/api/v1/stacks/{stack_name}"): Rule(SIGNED_IN, fresh=_fresh_stack),
+    ("POST", "/api/v1/stacks/{stack_name}/latest"): Rule(P.STACK_MANAGE, fresh=_fresh_stack),
     # Repairs and policy.
     ("GET", "/api/v1/repairs"): Rule(P.REPAIR_READ, query=_cluster_filter),
     ("GET", "/api/v1/repairs/{repair_id}"): Rule(P.REPAIR_READ),

@@ -34,6 +34,7 @@ from gpufleet.agent.outbox import Outbox
 from gpufleet.agent.runtime import Agent, FindingContext, SampleCheck
 from gpufleet.agent.sender import Sender, SendStatus
 from gpufleet.agent.settings import AgentSettings
+from gpufleet.agent.software import read_software
 from gpufleet.agent.spool import Spool
 from gpufleet.client.agent import AgentClient
 from gpufleet.core.agent_protocol import NodeIdentity
@@ -213,6 +214,7 @@ def build_agent(
         serial=node_serial(),
         agent_version=AGENT_VERSION,
         boot_id=kernel_boot_id(),
+        software=read_software(agent=AGENT_VERSION),
     )
     # The node's state in gpufleet is the server's word of this run, never one left from
     # before a reboot (a boot gate would start slurmd on a stale in_service).

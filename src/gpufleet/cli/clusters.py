@@ -135,6 +135,7 @@ def _render_one(c: Cluster) -> None:
         ("health", health_text(c.health.value)),
         ("size", str(c.size)),
         ("gpus", f"{c.gpus_per_node} x {c.gpu_model} per node"),
+        ("stack", c.stack or "-"),
         ("scheduler", c.scheduler.value),
         *_scheduler_rows(c.scheduler_config),
         ("provider", c.provider.value),
@@ -221,6 +222,10 @@ def create_cluster(
     first_node_index: Annotated[
         int, typer.Option(min=0, help="Number of the first node: 1 with gpu- gives gpu-001.")
     ] = 0,
+    stack: Annotated[
+        str | None,
+        typer.Option(help="The software stack its nodes run (default: the latest)."),
+    ] = None,
     provider_config_file: Annotated[
         Path | None,
         typer.Option(
@@ -297,6 +302,7 @@ def create_cluster(
             kube_context=kube_context,
             kube_in_cluster=in_cluster,
             kube_slurm=slinky,
+            stack=stack,
         )
     emit(output, cluster, _render_one)
 

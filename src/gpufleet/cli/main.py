@@ -72,6 +72,9 @@ COMMANDS: dict[str, Entry] = {
     "nodes": Entry("nodes", "app", "Nodes and their GPUs."),
     "repairs": Entry("repairs", "app", "The repair queue: recommendations, approvals, progress."),
     "usage": Entry("usage", "app", "GPU-hours by project, user, account and day."),
+    "stacks": Entry(
+        "stacks", "app", "Software stacks: what nodes run (driver, CUDA, Slurm...); the latest."
+    ),
     "reliability": Entry(
         "reliability", "app", "Where GPU-hours went: outages by cause, MTTR and MTBF."
     ),

@@ -119,6 +119,12 @@ def _render_one(n: Node) -> None:
         ),
         ("created", fmt_time(n.created_at)),
     ]
+    if n.software is not None:
+        runs = n.software.model_dump(exclude_none=True)
+        rows.append(("software", ", ".join(f"{k} {v}" for k, v in runs.items()) or "-"))
+    if n.stack_skew:
+        off = [f"{s.component} {s.have or 'none'} (stack: {s.want})" for s in n.stack_skew]
+        rows.append(("off its stack", Text("; ".join(off), style="yellow")))
     print_table(fields(rows))
     if n.gpus:
         note("")  # a blank line between the two tables

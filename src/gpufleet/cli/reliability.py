@@ -22,7 +22,9 @@ from gpufleet.cli.output import (
 )
 from gpufleet.core.reliability import BadputRow, ReliabilityReport, ReliabilityRow
 
-app = typer.Typer(no_args_is_help=True, help="Outages by cause, GPU-hours lost, MTTR and MTBF.")
+app = typer.Typer(
+    no_args_is_help=True, help="Where GPU-hours went: outages by cause, MTTR and MTBF."
+)
 
 
 class ReportPart(StrEnum):

@@ -62,6 +62,7 @@ from gpufleet.core.models import (
     UsageGroup,
 )
 from gpufleet.core.reliability import ReliabilityReport
+from gpufleet.core.stacks import Stack
 
 # The server caps a page at 1000 items; iterators ask for full pages to save round trips.
 MAX_PAGE_SIZE = 1000
@@ -334,6 +335,7 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
         kube_context: str | None = None,
         kube_in_cluster: bool = False,
         kube_slurm: bool = False,
+        stack: str | None = None,
     ) -> Cluster:
         """Create a cluster. A kubernetes one takes its API server's credentials:
         ``kubeconfig`` (the file's text; stored sealed, never shown again) with an
@@ -369,6 +371,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
             body["kube_in_cluster"] = True
         if kube_slurm:
             body["kube_slurm"] = True
+        if stack is not None:  # left out: the latest stack
+            body["stack"] = stack
         return Cluster.model_validate(self._call("POST", f"{API}/clusters", body=body))
 
     def get_cluster(self, cluster_id: str) -> Cluster:
@@ -663,6 +667,25 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
             "cluster": cluster,
         }
         return self._get(ReliabilityReport, f"{API}/reliability", params)
+
+    # -- software stacks ----------------------------------------------------------------
+    def list_stacks(self) -> list[Stack]:
+        """Every software stack, newest first; ``latest`` marks the one new clusters take."""
+        return self._get(Page[Stack], f"{API}/stacks", {}).items
+
+    def get_stack(self, name: str) -> Stack:
+        return Stack.model_validate(self._call("GET", f"{API}/stacks/{segment(name)}"))
+
+    def create_stack(
+        self, name: str, *, spec: Mapping[str, str], notes: str = "", latest: bool = False
+    ) -> Stack:
+        """A new stack pinning ``spec`` (os_image, driver, cuda, nccl, dcgm, slurm, agent)."""
+        body = {"name": name, **spec, "notes": notes, "latest": latest}
+        return Stack.model_validate(self._call("POST", f"{API}/stacks", body=body))
+
+    def make_latest_stack(self, name: str) -> Stack:
+        """New clusters take ``name`` from now on."""
+        return Stack.model_validate(self._call("POST", f"{API}/stacks/{segment(name)}/latest"))
 
     def get_repair_policy(self, project: str) -> PolicyConfig:
         """A project's repair policy (the server's default when it never set one)."""

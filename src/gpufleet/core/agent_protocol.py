@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gpufleet.core.enums import FindingSource, Severity
 from gpufleet.core.limits import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE  # re-exported
+from gpufleet.core.stacks import NodeSoftware
 
 MAX_REPORTS_PER_BATCH = 500
 MAX_EVIDENCE_CHARS = 4000  # a finding's evidence
@@ -59,6 +60,9 @@ class NodeIdentity(_Wire):
     # how the control plane knows a reboot it asked for happened (never from the BMC's
     # or cloud API's answer). None: an agent that cannot read it.
     boot_id: Annotated[str | None, Field(pattern=r"^[A-Za-z0-9._:-]{1,64}$")] = None
+    # What it runs (OS image, kernel, driver, Slurm, agent), compared with its cluster's
+    # stack. None: an agent from before stacks.
+    software: NodeSoftware | None = None
 
 
 class EnrollRequest(_Wire):

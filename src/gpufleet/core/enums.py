@@ -104,6 +104,7 @@ class FindingSource(StrEnum):
     ACTIVE_CHECK = "active-check"
     AGENT = "agent"
     SIM = "sim"
+    STACK = "stack"  # the server, from what a node runs against its cluster's stack
 
 
 class RepairAction(StrEnum):
@@ -170,6 +171,7 @@ class EventKind(StrEnum):
     NODE_REGISTERED = "node.registered"
     NODE_GPUS_CHANGED = "node.gpus_changed"
     NODE_BOOTED = "node.booted"  # the agent reported a new kernel boot id
+    NODE_SOFTWARE = "node.software"  # the agent reported other software (driver, Slurm...)
     NODE_TOKEN_ISSUED = "node.token_issued"  # noqa: S105 - an event kind; the token is never in it
     NODE_ENROLLED = "node.enrolled"  # a bare-metal machine's agent enrolled as the node
     CLUSTER_ENROLL_TOKEN = "cluster.enroll_token"  # noqa: S105 - an event kind; never the token

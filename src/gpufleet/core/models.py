@@ -22,6 +22,7 @@ from gpufleet.core.enums import (
     SchedulerKind,
     Severity,
 )
+from gpufleet.core.stacks import NodeSoftware, Skew
 
 
 class _Domain(BaseModel):
@@ -145,6 +146,7 @@ class Cluster(_Domain):
     status_detail: str = ""  # why the cluster is in its status, e.g. the node that failed
     # kubernetes: how its API server is reached; None for the other schedulers.
     scheduler_config: SchedulerConfig | None = None
+    stack: str | None = None  # the software stack its nodes should run (core.stacks)
 
 
 class ClusterStatusReport(_Domain):
@@ -202,6 +204,9 @@ class Node(_Domain):
     state_detail: str = ""  # why it is held: a failed startup script or acceptance check
     boot_id: str | None = None  # the kernel boot id its agent last reported
     boot_seen_at: dt.datetime | None = None  # when that boot id was first reported
+    software: NodeSoftware | None = None  # what its agent says it runs; None: not yet
+    # What it runs otherwise than its cluster's stack; only on ``GET /nodes/{id}``.
+    stack_skew: list[Skew] | None = None
 
 
 class Event(_Domain):

@@ -43,6 +43,7 @@ class Permission(StrEnum):
     PROJECT_CREATE = "project.create"
     USER_READ = "user.read"
     USER_MANAGE = "user.manage"
+    STACK_MANAGE = "stack.manage"  # the platform's software stacks (everyone reads them)
     # Every project's nodes, findings and repairs as numbers: /metrics.
     METRICS_READ = "metrics.read"
 
@@ -75,6 +76,7 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.PROJECT_CREATE: "create projects and name their first admin",
     Permission.USER_READ: "list every user",
     Permission.USER_MANAGE: "create users, set their Unix names",
+    Permission.STACK_MANAGE: "define software stacks and mark the latest",
     Permission.METRICS_READ: "scrape the fleet-wide Prometheus metrics (/metrics)",
 }
 
@@ -84,6 +86,7 @@ OWNER_ONLY = frozenset(
         Permission.PROJECT_CREATE,
         Permission.USER_READ,
         Permission.USER_MANAGE,
+        Permission.STACK_MANAGE,
         Permission.METRICS_READ,
     }
 )

@@ -276,7 +276,15 @@ QUERY_PARAMS = {"project": "project", "cluster": "cluster", "node": "node"}
 BODY_FIELDS = {"project": "project", "cluster": "cluster", "cluster_id": "cluster"}
 # Path parameters looked up inside a project the path already names (or not objects).
 UNSCOPED_PATH_PARAMS = frozenset(
-    {"user_ref", "volume_ref", "signature", "credential_ref", "host_ref", "label_name"}
+    {
+        "user_ref",
+        "volume_ref",
+        "signature",
+        "credential_ref",
+        "host_ref",
+        "label_name",
+        "stack_name",  # a stack is the platform's, in no project
+    }
 )
 
 

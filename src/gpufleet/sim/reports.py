@@ -8,6 +8,7 @@ calls it once per step.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -20,6 +21,7 @@ from gpufleet.client.agent import AgentClient
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.core.agent_protocol import GpuSample, NodeIdentity, NodeReport, ReportBatch
 from gpufleet.core.clock import Clock
+from gpufleet.core.stacks import NodeSoftware
 from gpufleet.sim.fabric import IbPortTelemetry, initial_ports, next_ports
 from gpufleet.sim.faults import SimFault, apply_effects
 from gpufleet.sim.load import IDLE, NodeLoad
@@ -35,6 +37,7 @@ from gpufleet.sim.world import SimWorld
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "sim-0.1.0"
+SIM_KERNEL = "6.8.0-sim"
 
 
 class AgentCounters:
@@ -84,6 +87,7 @@ class NodeSampler:
             serial=self._instance.serial,
             agent_version=AGENT_VERSION,
             boot_id=sim_boot_id(self._instance.instance_id, self._instance.boot_id),
+            software=sim_software(self._instance),
         )
 
     def _next_seq(self) -> int:
@@ -221,3 +225,14 @@ class ReportSender:
             self._client = AgentClient(
                 base_url=self._url, node_token=fresh.user_data[USER_DATA_TOKEN], http=self._http
             )
+
+
+def sim_software(instance: SimInstance) -> NodeSoftware:
+    """A simulated machine runs the stack its user data named when it was made (or last
+    reprovisioned): what an image build installs. Without one, only the agent."""
+    try:
+        stack = json.loads(instance.user_data.get("gpufleet_stack", "{}"))
+    except ValueError:
+        stack = {}
+    pinned = {k: str(v) for k, v in stack.items() if k in NodeSoftware.model_fields}
+    return NodeSoftware.model_validate({"kernel": SIM_KERNEL, "agent": AGENT_VERSION, **pinned})

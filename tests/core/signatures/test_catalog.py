@@ -17,7 +17,13 @@ from gpufleet.core.signatures.catalog import (
     get_signature_for_xid,
     load_catalog,
 )
-from gpufleet.core.signatures.models import CheckRule, KernelLogRule, MetricRule, StateRule
+from gpufleet.core.signatures.models import (
+    CheckRule,
+    KernelLogRule,
+    MetricRule,
+    StackRule,
+    StateRule,
+)
 
 REFERENCE = Path(__file__).parents[4] / "shared" / "reference" / "failure-signatures.md"
 if not REFERENCE.exists():  # the shared checkout sits next to the repo, or at /work/shared
@@ -174,6 +180,8 @@ def test_rules_fit_their_source() -> None:
             assert isinstance(sig.match, StateRule)
         elif sig.source is FindingSource.ACTIVE_CHECK:
             assert isinstance(sig.match, CheckRule)
+        elif sig.source is FindingSource.STACK:
+            assert isinstance(sig.match, StackRule)
         else:
             assert isinstance(sig.match, MetricRule | StateRule)
 

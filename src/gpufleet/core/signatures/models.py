@@ -198,7 +198,18 @@ class CheckRule(_Frozen):
     scope: Literal["gpu", "node"] = "node"
 
 
-Rule = Annotated[KernelLogRule | MetricRule | StateRule | CheckRule, Field(discriminator="kind")]
+class StackRule(_Frozen):
+    """A node runs a ``component`` other than its cluster's software stack pins
+    (``core.stacks``): the server compares what the agent reports with the stack. Only
+    the server raises these, never the agent."""
+
+    kind: Literal["stack"] = "stack"
+    component: Literal["driver"]
+
+
+Rule = Annotated[
+    KernelLogRule | MetricRule | StateRule | CheckRule | StackRule, Field(discriminator="kind")
+]
 
 
 class Escalation(_Frozen):
@@ -286,6 +297,8 @@ class Signature(_Frozen):
         kernel = isinstance(self.match, KernelLogRule)
         if kernel != (self.source is FindingSource.KERNEL_LOG):
             raise ValueError("source 'kernel-log' goes with a kernel-log rule, and only it")
+        if isinstance(self.match, StackRule) != (self.source is FindingSource.STACK):
+            raise ValueError("source 'stack' goes with a stack rule, and only it")
         if isinstance(self.match, CheckRule) != (self.source is FindingSource.ACTIVE_CHECK):
             raise ValueError("source 'active-check' goes with a check rule, and only it")
         if isinstance(self.match, MetricRule) and self.source not in (

@@ -181,6 +181,25 @@ class _Leased:
     lock_expires_at: Mapped[dt.datetime | None]
 
 
+class StackRow(Base):
+    """A software stack (``core.stacks``): what it pins, and whether it is the latest."""
+
+    __tablename__ = "stack"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    os_image: Mapped[str | None] = mapped_column(String(64))
+    driver: Mapped[str | None] = mapped_column(String(64))
+    cuda: Mapped[str | None] = mapped_column(String(64))
+    nccl: Mapped[str | None] = mapped_column(String(64))
+    dcgm: Mapped[str | None] = mapped_column(String(64))
+    slurm: Mapped[str | None] = mapped_column(String(64))
+    agent: Mapped[str | None] = mapped_column(String(64))
+    latest: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    notes: Mapped[str] = mapped_column(Text, default="", server_default="")
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime]
+
+
 class ClusterRow(_Leased, Base):
     __tablename__ = "cluster"
     __table_args__ = (
@@ -239,6 +258,8 @@ class ClusterRow(_Leased, Base):
     # accounting loop last read them from its scheduler; None: never read.
     pending_gpus: Mapped[int | None] = mapped_column(Integer)
     pending_read_at: Mapped[dt.datetime | None]
+    # The software stack its nodes should run (``core.stacks``); None: no stack defined.
+    stack: Mapped[str | None] = mapped_column(ForeignKey("stack.name", ondelete="RESTRICT"))
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     deleted_at: Mapped[dt.datetime | None]
@@ -289,6 +310,8 @@ class NodeRow(_Leased, Base):
     # Cluster Autoscaler service reports it with the right error class.
     provision_error: Mapped[str] = mapped_column(Text, default="", server_default="")
     provision_error_code: Mapped[str | None] = mapped_column(String(32))
+    # What its agent reports it runs (``core.stacks.NodeSoftware`` as JSON; {}: nothing yet).
+    software: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     removed_at: Mapped[dt.datetime | None]

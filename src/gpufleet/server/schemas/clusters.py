@@ -7,6 +7,7 @@ from pydantic import Field, SecretStr, StrictBool, StringConstraints
 from gpufleet.core.acceptance import AcceptanceSuite
 from gpufleet.core.enums import ProviderKind, SchedulerKind
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
+from gpufleet.core.stacks import STACK_NAME
 from gpufleet.schedulers.kubernetes.config import MAX_KUBECONFIG_BYTES
 from gpufleet.server.schemas.common import Name, Ref, Request
 
@@ -64,6 +65,8 @@ class CreateClusterRequest(Request):
     # Slurm runs on its nodes under Slinky: holds drain in Slurm first (the server's
     # Slurm driver, GPUFLEET_SLURM_CONF / slurm_rest_url).
     kube_slurm: StrictBool = False
+    # The software stack its nodes run (``gpufleet stacks list``); None: the latest.
+    stack: Annotated[str, Field(pattern=STACK_NAME)] | None = None
 
 
 class SetProviderConfigRequest(Request):

@@ -22,10 +22,12 @@ from gpufleet.core.enums import EventKind, Health, Severity
 from gpufleet.core.errors import Conflict, GpufleetError, Unauthorized
 from gpufleet.core.health import node_health
 from gpufleet.core.ids import new_id
+from gpufleet.core.stacks import NodeSoftware
 from gpufleet.server.db.tables import EventRow, FindingRow, GpuRow, NodeRow
 from gpufleet.server.services.hosts import bind_by_hostname
 from gpufleet.server.services.node_callers import REFUSED, nodes_by_token_hash
 from gpufleet.server.services.node_health import stage_node_health
+from gpufleet.server.services.stacks import record_node_software
 from gpufleet.server.services.telemetry_history import (
     NodeSample,
     first_report_of_minute,
@@ -114,6 +116,7 @@ async def apply_report_batches(
     events: list[dict[str, Any]] = []
     history: dict[str, NodeSample] = {}  # node id → its minute of telemetry history
     renamed: list[NodeRow] = []  # nodes whose hostname changed (or was first seen)
+    software: list[tuple[_NodeWork, NodeSoftware]] = []  # nodes that run other software
     for item in items:
         found = by_hash.get(item.token_hash)
         if found is None:
@@ -176,6 +179,10 @@ async def apply_report_batches(
                 booted = _booted(w, boot_id=ident.boot_id, now=now)
                 if booted is not None:
                     events.append(booted)
+            if ident.software is not None and (
+                ident.software.model_dump(exclude_none=True) != (w.node.software or {})
+            ):
+                software.append((w, ident.software))
         results.append(
             ReportAck(
                 node_id=w.node.id,
@@ -193,6 +200,10 @@ async def apply_report_batches(
     await write_history(session, samples=[history[k] for k in sorted(history)], now=now)
     if renamed:  # a node that names its hostname is bound to that inventory host
         await bind_by_hostname(session, nodes=renamed, now=now)
+    for w, runs in software:  # rare: after an agent start that finds other software
+        await record_node_software(
+            session, node=w.node, project_id=w.project_id, software=runs, now=now
+        )
     return results
 
 

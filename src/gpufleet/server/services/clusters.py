@@ -50,6 +50,7 @@ from gpufleet.server.services.kube_clusters import (
 from gpufleet.server.services.kube_schedulers import scheduler_config_of
 from gpufleet.server.services.projects import get_project_row_or_error
 from gpufleet.server.services.provider_configs import check_provider_config
+from gpufleet.server.services.stacks import stack_for_new_cluster
 from gpufleet.server.services.transitions import Subject, transition
 
 
@@ -76,6 +77,7 @@ def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None)
         autoscale_min=row.autoscale_min,
         autoscale_max=row.autoscale_max,
         labels=dict(row.labels),
+        stack=row.stack,
         node_prefix=row.node_prefix if row.node_prefix is not None else f"{row.name}-",
         first_node_index=row.first_node_index,
         created_at=row.created_at,
@@ -213,6 +215,7 @@ async def create_cluster(
         provider_config=provider_config.model_dump(mode="json"),
         node_prefix=request.node_prefix,
         first_node_index=request.first_node_index,
+        stack=await stack_for_new_cluster(session, request.stack),
         created_at=now,
         updated_at=now,
         deleted_at=None,

@@ -14,9 +14,11 @@ from gpufleet.core.health import shown_health
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import Gpu, Node, Page
 from gpufleet.core.rbac import Permission
+from gpufleet.core.stacks import NodeSoftware
 from gpufleet.core.transitions import NODE
 from gpufleet.server.db.tables import ClusterRow, GpuRow, NodeRow
 from gpufleet.server.services.auth import Caller
+from gpufleet.server.services.stacks import node_skew
 from gpufleet.server.services.transitions import Subject, transition
 
 # States in which a node is expected to report; elsewhere silence is not news.
@@ -100,6 +102,7 @@ def node_row_to_node(
         state_detail=row.state_detail or "",
         boot_id=row.boot_id,
         boot_seen_at=row.boot_seen_at,
+        software=NodeSoftware.model_validate(row.software) if row.software else None,
     )
 
 
@@ -130,13 +133,14 @@ async def find_node_id(session: AsyncSession, *, cluster_id: str, name: str) -> 
 async def get_node(
     session: AsyncSession, *, caller: Caller, node_id: str, staleness_s: float, now: dt.datetime
 ) -> Node:
-    row, _cluster = await get_node_row_or_error(session, caller=caller, node_id=node_id)
+    row, cluster = await get_node_row_or_error(session, caller=caller, node_id=node_id)
     gpus = (
         await session.scalars(
             select(GpuRow).where(GpuRow.node_id == row.id, GpuRow.removed_at.is_(None))
         )
     ).all()
-    return node_row_to_node(row, now=now, staleness_s=staleness_s, gpus=gpus)
+    node = node_row_to_node(row, now=now, staleness_s=staleness_s, gpus=gpus)
+    return node.model_copy(update={"stack_skew": await node_skew(session, row, cluster)})
 
 
 async def list_nodes(

@@ -44,6 +44,7 @@ from gpufleet.server.services.node_holds import can_hold, hold_for_acceptance, r
 from gpufleet.server.services.node_slots import free_slots
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
+from gpufleet.server.services.stacks import stack_user_data
 from gpufleet.server.services.startup_scripts import (
     StartupTrigger,
     boot_key,
@@ -242,6 +243,10 @@ class ProvisioningLoop(LoopService):
         }
         if not enrolls:
             user_data["gpufleet_node_token"] = token
+        async with self.db.session() as session:
+            stack = await stack_user_data(session, cluster.stack)
+        if stack is not None:
+            user_data["gpufleet_stack"] = stack
         request = ProvisionRequest(
             client_token=f"{node.id}/{node.attempts}",
             cluster_id=cluster.id,
