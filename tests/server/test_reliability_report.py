@@ -61,9 +61,7 @@ async def test_a_repaired_outage_is_put_down_to_its_signature(
         # The outage is the node's own history: out at its first move out of service,
         # back at its return.
         moves = [
-            e
-            for e in await fleet.events(fleet.cluster_id, "node.state")
-            if e["node_id"] == node_id
+            e for e in await fleet.events(fleet.cluster_id, "node.state") if e["node_id"] == node_id
         ]
         out = next(e for e in moves if e["data"]["from"] == "in_service")
         back = [e for e in moves if e["data"]["to"] == "in_service"][-1]
