@@ -118,6 +118,8 @@ def test_every_panel_has_data(tmp_path: Path, prometheus: PrometheusServer) -> N
     scrape_file.write_text("gpufleet-scrape-" + "0123456789abcdef" * 3 + "\n")
     env = {
         **fast_sim_server_env(data_dir=tmp_path / "data", port=port, token_file=owner_file),
+        # The scheduling dashboard's pending demand is read by the accounting loop.
+        "GPUFLEET_ACCOUNTING_INTERVAL_S": "1",
         "GPUFLEET_METRICS_TOKEN_FILE": str(scrape_file),
     }
     agent_ports = [free_port() for _ in range(2)]

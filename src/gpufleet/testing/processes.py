@@ -43,7 +43,6 @@ def fast_sim_server_env(*, data_dir: Path, port: int, token_file: Path) -> dict[
         "GPUFLEET_REPAIR_INTERVAL_S": "0.3",
         "GPUFLEET_CHECK_INTERVAL_S": "0.3",
         "GPUFLEET_AUTOSCALE_INTERVAL_S": "0.3",
-        "GPUFLEET_ACCOUNTING_INTERVAL_S": "1",
         "GPUFLEET_REPORT_INTERVAL_S": "0.5",
     }
 
