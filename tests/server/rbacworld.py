@@ -59,6 +59,7 @@ class Side:
     acceptance_id: str = ""
     credential: str = ""  # a credential's name (its row written directly: no key is set)
     host: str = ""  # an inventory host's hostname
+    rollout_id: str = ""  # a stack rollout of its cluster, scheduled
 
     def ids(self) -> dict[str, str]:
         """Every object id of this side, for isolation checks."""
@@ -75,6 +76,7 @@ class Side:
             "acceptance": self.acceptance_id,
             "credential": self.credential,
             "host": self.host,
+            "rollout": self.rollout_id,
         }
 
 
@@ -196,6 +198,8 @@ async def _side(app: RunningApp, name: str) -> Side:
 async def build_world(app: RunningApp) -> World:
     a, b = await _side(app, "pa"), await _side(app, "pb")
     world = World(app=app, a=a, b=b, tokens={}, users={})
+    stack = {"name": "matrix-stack", "driver": "580.95.05"}
+    await ok(await app.client.post("/api/v1/stacks", json=stack), 201)
     for side in (a, b):
         side.repair_id = await world.new_repair(side)
         side.volume = await world.new_volume(side, attach=True)
@@ -214,6 +218,11 @@ async def build_world(app: RunningApp) -> World:
         side.acceptance_id = (await ok(acceptance, 202))["id"]
         side.credential = await world.new_credential(side)
         side.host = await world.new_host(side)
+        rollout = await app.client.post(
+            f"/api/v1/clusters/{side.cluster['id']}/rollouts",
+            json={"to_stack": "matrix-stack", "window": "sat 02:00/4h"},
+        )
+        side.rollout_id = (await ok(rollout, 201))["id"]
     for identity, project, role, cap, days in (
         ("member", "pa", "member", "member", None),
         ("admin", "pa", "admin", "admin", None),

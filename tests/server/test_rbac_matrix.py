@@ -287,6 +287,21 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ),
     ("GET", "/api/v1/stacks/{stack_name}"): Rule(SIGNED_IN, fresh=_fresh_stack),
     ("POST", "/api/v1/stacks/{stack_name}/latest"): Rule(P.STACK_MANAGE, fresh=_fresh_stack),
+    # Stack rollouts: members read them; admins (node actions) run them. A rollout that
+    # cannot take the change (409) still let the caller in.
+    ("GET", "/api/v1/clusters/{cluster_id}/rollouts"): Rule(P.CLUSTER_READ),
+    ("POST", "/api/v1/clusters/{cluster_id}/rollouts"): Rule(
+        P.NODE_ACTION,
+        body=lambda _w, _v: {"to_stack": "matrix-stack", "window": "sun 02:00/2h"},
+        fresh=_fresh_cluster,
+    ),
+    ("GET", "/api/v1/rollouts/{rollout_id}"): Rule(P.CLUSTER_READ),
+    ("POST", "/api/v1/rollouts/{rollout_id}/pause"): Rule(P.NODE_ACTION, body=lambda _w, _v: {}),
+    ("POST", "/api/v1/rollouts/{rollout_id}/resume"): Rule(P.NODE_ACTION, body=lambda _w, _v: {}),
+    ("POST", "/api/v1/rollouts/{rollout_id}/abort"): Rule(P.NODE_ACTION, body=lambda _w, _v: {}),
+    ("POST", "/api/v1/rollouts/{rollout_id}/nodes/{node_id}/rollback"): Rule(
+        P.NODE_ACTION, body=lambda _w, _v: {}
+    ),
     # Repairs and policy.
     ("GET", "/api/v1/repairs"): Rule(P.REPAIR_READ, query=_cluster_filter),
     ("GET", "/api/v1/repairs/{repair_id}"): Rule(P.REPAIR_READ),
@@ -470,6 +485,7 @@ async def _path(w: World, template: str, rule: Rule) -> tuple[str, dict[str, str
         "check_id": w.a.check_id,
         "command_id": w.a.command_id,
         "acceptance_id": w.a.acceptance_id,
+        "rollout_id": w.a.rollout_id,
         "signature": "thermal-slowdown",
         "credential_ref": w.a.credential,
         "host_ref": w.a.host,

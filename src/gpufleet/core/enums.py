@@ -160,6 +160,35 @@ class StartupStatus(StrEnum):
     CANCELLED = "cancelled"  # superseded by a newer start of the node, or the node went
 
 
+class RolloutStatus(StrEnum):
+    """A stack rollout (a cluster migrated to another stack inside maintenance windows):
+    scheduled (waiting for its window) ⇄ running; paused by the failure budget or an
+    admin; aborting (no new node starts, those under way finish) → aborted; succeeded
+    when every node runs the new stack."""
+
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    PAUSED = "paused"
+    ABORTING = "aborting"
+    SUCCEEDED = "succeeded"
+    ABORTED = "aborted"
+
+
+class RolloutNodeStatus(StrEnum):
+    """One node of a rollout: pending → migrating (its repair: cordon, drain, reprovision,
+    re-acceptance) → done | failed; a done or failed node an admin rolls back migrates
+    again, to the stack it came from (rolling_back → rolled_back | failed). A node that
+    leaves the cluster before its turn is skipped."""
+
+    PENDING = "pending"
+    MIGRATING = "migrating"
+    DONE = "done"
+    FAILED = "failed"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+    SKIPPED = "skipped"
+
+
 class EventKind(StrEnum):
     CLUSTER_CREATED = "cluster.created"
     CLUSTER_STATUS = "cluster.status"
@@ -209,3 +238,6 @@ class EventKind(StrEnum):
     AUTOSCALE_STEP = "autoscale.step"  # within one: a node held, removed, or kept (took work)
     AUTOSCALE_DECISION = "autoscale.decision"  # the policy asked for a change, or was refused
     AUTOSCALE_UPDATED = "autoscale.updated"  # an admin changed a cluster's autoscaling
+    ROLLOUT_CREATED = "rollout.created"  # an admin scheduled a cluster's migration
+    ROLLOUT_STATUS = "rollout.status"  # a rollout started, waited, paused, ended
+    ROLLOUT_NODE = "rollout.node"  # a node of a rollout began migrating, ended, rolled back

@@ -19,6 +19,8 @@ from gpufleet.core.enums import (
     EventKind,
     NodeState,
     RepairStatus,
+    RolloutNodeStatus,
+    RolloutStatus,
     StartupStatus,
 )
 from gpufleet.core.errors import InvalidTransition
@@ -146,6 +148,32 @@ AUTOSCALE_TRANSITIONS: Mapping[AutoscaleStatus, frozenset[AutoscaleStatus]] = {
     Z.CANCELLED: frozenset(),
 }
 
+# A rollout waits for its window (scheduled ⇄ running as windows open and close), pauses
+# on its failure budget or an admin's word, and ends when every node is done; an abort
+# lets the nodes under way finish (aborting) and starts no other.
+W = RolloutStatus
+ROLLOUT_TRANSITIONS: Mapping[RolloutStatus, frozenset[RolloutStatus]] = {
+    W.SCHEDULED: frozenset({W.RUNNING, W.PAUSED, W.ABORTING, W.ABORTED}),
+    W.RUNNING: frozenset({W.SCHEDULED, W.PAUSED, W.ABORTING, W.SUCCEEDED}),
+    W.PAUSED: frozenset({W.SCHEDULED, W.RUNNING, W.ABORTING, W.ABORTED}),
+    W.ABORTING: frozenset({W.ABORTED}),
+    W.SUCCEEDED: frozenset(),
+    W.ABORTED: frozenset(),
+}
+
+# A node's migration is one repair (cordon → drain → reprovision → re-acceptance); its
+# end is the repair's. A rollback is one more, to the stack the node came from.
+P = RolloutNodeStatus
+ROLLOUT_NODE_TRANSITIONS: Mapping[RolloutNodeStatus, frozenset[RolloutNodeStatus]] = {
+    P.PENDING: frozenset({P.MIGRATING, P.SKIPPED}),
+    P.MIGRATING: frozenset({P.DONE, P.FAILED}),
+    P.DONE: frozenset({P.ROLLING_BACK}),
+    P.FAILED: frozenset({P.ROLLING_BACK, P.MIGRATING}),
+    P.ROLLING_BACK: frozenset({P.ROLLED_BACK, P.FAILED}),
+    P.ROLLED_BACK: frozenset(),
+    P.SKIPPED: frozenset(),
+}
+
 
 @dataclass(frozen=True)
 class Lifecycle(Generic[S]):
@@ -193,6 +221,14 @@ AUTOSCALE_ACTION = Lifecycle(
     AutoscaleStatus, AUTOSCALE_TRANSITIONS, "status", EventKind.AUTOSCALE_STATUS,
     "autoscale.status", "autoscale_action",
 )  # fmt: skip
+ROLLOUT = Lifecycle(
+    RolloutStatus, ROLLOUT_TRANSITIONS, "status", EventKind.ROLLOUT_STATUS,
+    "rollout.status", "rollout",
+)  # fmt: skip
+ROLLOUT_NODE = Lifecycle(
+    RolloutNodeStatus, ROLLOUT_NODE_TRANSITIONS, "status", EventKind.ROLLOUT_NODE,
+    "rollout.node", "rollout_node",
+)  # fmt: skip
 
 # Every lifecycle, by name: the table-driven test walks them all.
 LIFECYCLES: Mapping[str, Lifecycle[Any]] = {
@@ -206,6 +242,8 @@ LIFECYCLES: Mapping[str, Lifecycle[Any]] = {
     "startup_run": STARTUP_RUN,
     "host": HOST,
     "autoscale_action": AUTOSCALE_ACTION,
+    "rollout": ROLLOUT,
+    "rollout_node": ROLLOUT_NODE,
 }
 
 

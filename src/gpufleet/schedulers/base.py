@@ -172,6 +172,7 @@ class ReservationInfo:
     flags: tuple[str, ...] = ()
     users: tuple[str, ...] = ()
     end_time: dt.datetime | None = None
+    start_time: dt.datetime | None = None  # aware UTC; a future one for a window ahead
 
 
 @runtime_checkable
@@ -184,12 +185,25 @@ class SupportsReservations(Protocol):
         duration_s: float,
         users: tuple[str, ...],
         ignore_jobs: bool = False,
+        start: dt.datetime | None = None,
     ) -> None:
-        """Reserve ``nodes`` from now for ``duration_s`` for ``users``' jobs only, as
-        maintenance. New jobs of anyone else do not start there; running jobs are never
-        touched. Without ``ignore_jobs`` it refuses (``DriverError``) when a job runs on
-        any of the nodes; with it, the reservation is made anyway and the users' jobs wait
-        for or share the nodes."""
+        """Reserve ``nodes`` from ``start`` (None: now) for ``duration_s`` for ``users``'
+        jobs only, as maintenance. New jobs of anyone else do not start there; running
+        jobs are never touched. Without ``ignore_jobs`` it refuses (``DriverError``) when a
+        job runs on any of the nodes; with it, the reservation is made anyway and the
+        users' jobs wait for or share the nodes.
+
+        ``start`` (an aware datetime) books a window ahead, e.g. a rollout's: until then
+        the nodes run jobs as before, but a job whose time limit would reach into the
+        window does not start on them, so the nodes are empty when it opens. Without
+        ``ignore_jobs`` the refusal above covers jobs that would still run when the window
+        opens (by their time limits), not only those running now.
+
+        A reservation named ``name`` that already exists on the same nodes (and the same
+        ``start``, when given) is no error, so a caller that retries after a lost answer
+        gets the reservation once; one by that name on other nodes or at another start
+        raises ``DriverError``. Callers that need more (same duration, same users) list
+        first. Raises ``ValueError`` for a naive ``start``."""
         ...
 
     async def delete_reservation(self, name: str) -> None:

@@ -61,6 +61,7 @@ from gpufleet.server.routers import (
     providers,
     reliability,
     repairs,
+    rollouts,
     stacks,
     tokens,
     users,
@@ -85,6 +86,7 @@ from gpufleet.server.workers.node_commands import CommandExpiryLoop
 from gpufleet.server.workers.provisioning import ProvisioningLoop
 from gpufleet.server.workers.repairs.executor import RepairExecutor
 from gpufleet.server.workers.repairs.planner import RepairPlanner
+from gpufleet.server.workers.rollouts import RolloutLoop
 from gpufleet.server.workers.slurmd_watch import SlurmdWatchLoop
 from gpufleet.server.workers.telemetry import TelemetryPruneLoop
 
@@ -228,6 +230,7 @@ def _route_table() -> tuple[BaseRoute, ...]:
         accounting,
         reliability,
         stacks,
+        rollouts,
         health,
         agent,
         agent_commands,
@@ -385,6 +388,8 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             failpoints=Failpoints.parse(ctx.settings.failpoints),
             staleness_s=ctx.settings.staleness_s,
         ),
+        # Stack rollouts: after the executor, so a node whose repair just ended is seen.
+        RolloutLoop(deps, interval_s=ctx.settings.repair_interval_s, drivers=ctx.drivers),
         CommandExpiryLoop(deps, interval_s=max(ctx.settings.reconcile_interval_s, 5.0)),
         CheckRunner(
             deps,

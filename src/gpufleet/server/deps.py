@@ -40,6 +40,7 @@ from gpufleet.server.db.tables import (
     NodeRow,
     ProjectRow,
     RepairRow,
+    RolloutRow,
 )
 from gpufleet.server.services.audit import AuditTarget, current_request
 from gpufleet.server.services.auth import Caller, resolve_caller
@@ -259,6 +260,7 @@ RESOLVERS: dict[str, Resolver] = {
     "check run": _in_cluster(CheckRunRow),
     "command": _in_cluster(NodeCommandRow),
     "acceptance run": _in_cluster(AcceptanceRunRow),
+    "rollout": _in_cluster(RolloutRow),
     "token": _token,
 }
 PATH_PARAMS = {
@@ -270,6 +272,7 @@ PATH_PARAMS = {
     "run_id": "check run",
     "command_id": "command",
     "acceptance_id": "acceptance run",
+    "rollout_id": "rollout",
     "token_id": "token",
 }
 QUERY_PARAMS = {"project": "project", "cluster": "cluster", "node": "node"}

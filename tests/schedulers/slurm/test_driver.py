@@ -112,6 +112,28 @@ async def test_nonzero_exit_names_node_command_and_stderr(tmp_path: Path) -> Non
     )
 
 
+async def test_a_reservation_ahead_sends_its_start_in_utc(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    bin_dir = fake_bin(tmp_path, scontrol=f'echo "$TZ $*" >> {calls}')
+    sched = SlurmScheduler(SlurmConfig(bin_dir=str(bin_dir)))
+    start = dt.datetime(2026, 12, 5, 9, 30, 15, 400, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    await sched.create_reservation(
+        "maint", nodes=("n1", "n2"), duration_s=90, users=("root",), start=start
+    )
+    await sched.create_reservation("now", nodes=("n1",), duration_s=60, users=("root",))
+    first, second = calls.read_text().splitlines()
+    # scontrol reads StartTime in its own zone, which the driver pins to UTC.
+    assert first == (
+        "UTC create reservation ReservationName=maint Nodes=n1,n2 "
+        "StartTime=2026-12-05T07:30:15 Duration=2 Users=root Flags=MAINT"
+    )
+    assert "StartTime=now Duration=1 " in second
+    with pytest.raises(ValueError, match="must be aware"):
+        await sched.create_reservation(
+            "x", nodes=("n1",), duration_s=60, users=("root",), start=dt.datetime(2026, 12, 5)
+        )
+
+
 async def test_text_dialect_for_old_slurm(tmp_path: Path) -> None:
     """Before 21.08 there is no --json: nodes and jobs come from scontrol -o show."""
     nodes = FIXTURES / "scontrol-show-node-22.05-ref.txt"

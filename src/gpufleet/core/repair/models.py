@@ -25,6 +25,7 @@ class RepairKind(StrEnum):
 class RepairSource(StrEnum):
     POLICY = "policy"  # recommended from findings
     MANUAL = "manual"  # an admin's node action ("three clicks")
+    ROLLOUT = "rollout"  # a node's migration to another stack (an admin's rollout)
 
 
 class DrainTimeoutAction(StrEnum):

@@ -406,27 +406,73 @@ class SlurmScheduler:
         duration_s: float,
         users: tuple[str, ...],
         ignore_jobs: bool = False,
+        start: dt.datetime | None = None,
     ) -> None:
-        """``scontrol create reservation`` from now, ``Flags=MAINT`` (maintenance: the
-        time is accounted as such, and no job but the users' starts on the nodes).
-        Without ``ignore_jobs`` Slurm refuses nodes a job runs on ("Requested nodes are
-        busy"): that refusal is how a job that started since the idle check is never
-        disturbed."""
+        """``scontrol create reservation`` from ``start`` (None: ``StartTime=now``),
+        ``Flags=MAINT`` (maintenance: the time is accounted as such, and no job but the
+        users' starts on the nodes; a job whose time limit reaches into a future window
+        does not start on them either). Without ``ignore_jobs`` Slurm refuses nodes a job
+        runs on ("Requested nodes are busy"): that refusal is how a job that started since
+        the idle check is never disturbed.
+
+        ``start`` goes as ``StartTime=YYYY-MM-DDTHH:MM:SS`` in UTC. That is zone-safe:
+        scontrol itself turns the text into epoch seconds in its own zone, and the driver
+        runs every Slurm command with ``TZ=UTC`` (``client.py``), whatever slurmctld's zone.
+        Slurm refuses a start more than ten minutes past. The duration is whole minutes,
+        rounded up.
+
+        A retry is safe: when Slurm refuses the name as taken and the reservation of that
+        name holds the same nodes (and starts at ``start``, when given), it returns; any
+        other clash raises ``DriverError`` naming what differs."""
         if not nodes or not users:
             raise DriverError(f"slurm: reservation {name}: needs nodes and users")
+        if start is not None and start.tzinfo is None:
+            raise ValueError(f"slurm: reservation {name}: start must be aware, got {start}")
         minutes = max(1, -(-int(duration_s) // 60))
         flags = "MAINT,IGNORE_JOBS" if ignore_jobs else "MAINT"
-        await self._cli.run(
+        result = await self._cli.run(
             "scontrol",
             "create",
             "reservation",
             f"ReservationName={name}",
             f"Nodes={','.join(nodes)}",
-            "StartTime=now",
+            f"StartTime={'now' if start is None else format_time(start)}",
             f"Duration={minutes}",
             f"Users={','.join(users)}",
             f"Flags={flags}",
+            check=False,
         )
+        if result.returncode == 0:
+            return
+        if "Duplicate" in result.stderr:
+            await self._check_same_reservation(name, nodes=nodes, start=start, failed=result)
+            return
+        raise DriverError(describe_failure(result, node=None))
+
+    async def _check_same_reservation(
+        self,
+        name: str,
+        *,
+        nodes: tuple[str, ...],
+        start: dt.datetime | None,
+        failed: CommandResult,
+    ) -> None:
+        """After "Duplicate reservation name": return when the existing one is what was
+        asked (a retry), else raise naming the difference."""
+        found = next((r for r in await self.list_reservations() if r.name == name), None)
+        if found is None:  # gone since (ended or deleted): let the caller try again
+            raise DriverError(describe_failure(failed, node=None))
+        wanted = expand_hostlist(",".join(nodes))
+        if set(found.nodes) != set(wanted):
+            raise DriverError(
+                f"slurm: reservation {name} exists on {','.join(found.nodes)}, "
+                f"not {','.join(wanted)}: delete it or choose another name"
+            )
+        if start is not None and found.start_time != start.replace(microsecond=0):
+            raise DriverError(
+                f"slurm: reservation {name} exists from {found.start_time}, not {start}: "
+                "delete it or choose another name"
+            )
 
     async def delete_reservation(self, name: str) -> None:
         result = await self._cli.run("scontrol", "delete", f"ReservationName={name}", check=False)
@@ -448,6 +494,7 @@ class SlurmScheduler:
                     flags=tuple(f for f in kv.get("Flags", "").split(",") if f),
                     users=tuple(u for u in kv.get("Users", "").split(",") if not is_empty(u)),
                     end_time=parse_time(kv.get("EndTime")),
+                    start_time=parse_time(kv.get("StartTime")),
                 )
             )
         return out

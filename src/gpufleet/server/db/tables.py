@@ -312,6 +312,9 @@ class NodeRow(_Leased, Base):
     provision_error_code: Mapped[str | None] = mapped_column(String(32))
     # What its agent reports it runs (``core.stacks.NodeSoftware`` as JSON; {}: nothing yet).
     software: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+    # The stack this node should run when it is not its cluster's (a rollout moved it on,
+    # or rolled it back); None: the cluster's.
+    stack: Mapped[str | None] = mapped_column(ForeignKey("stack.name", ondelete="RESTRICT"))
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     removed_at: Mapped[dt.datetime | None]
@@ -809,3 +812,55 @@ class AutoscaleActionRow(Base):
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     finished_at: Mapped[dt.datetime | None]
+
+
+class RolloutRow(Base):
+    """A cluster's migration to another software stack inside maintenance windows
+    (``core.windows.Window`` as JSON), node by node in batches of at most
+    ``max_unavailable`` (a count or a share), pausing once ``failures`` reach
+    ``failure_budget``. ``status`` is its lifecycle (``core/transitions.py``)."""
+
+    __tablename__ = "rollout"
+    __table_args__ = (Index("ix_rollout_cluster_id_id", "cluster_id", "id"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("cluster.id", ondelete="CASCADE"))
+    from_stack: Mapped[str | None] = mapped_column(String(63))
+    to_stack: Mapped[str] = mapped_column(ForeignKey("stack.name", ondelete="RESTRICT"))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    window: Mapped[dict[str, Any]] = mapped_column(JSON)
+    max_unavailable: Mapped[str] = mapped_column(String(8))
+    failure_budget: Mapped[int] = mapped_column(Integer)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    # The Slurm MAINT reservation made for the current or next opening ("" for none), and
+    # the opening it covers (UTC ISO start), so it is made once per opening.
+    reservation: Mapped[str] = mapped_column(String(64), default="")
+    reserved_for: Mapped[str] = mapped_column(String(40), default="")
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    finished_at: Mapped[dt.datetime | None]
+
+
+class RolloutNodeRow(Base):
+    """One node of a rollout: its migration (``repair_id``: the repair that cordons,
+    drains, reprovisions and re-accepts it), and the stack it came from."""
+
+    __tablename__ = "rollout_node"
+    __table_args__ = (UniqueConstraint("rollout_id", "node_id", name="uq_rollout_node"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(
+        ForeignKey("rollout.id", ondelete="CASCADE"), index=True
+    )
+    node_id: Mapped[str] = mapped_column(ForeignKey("node.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)  # the order nodes go in
+    status: Mapped[str] = mapped_column(String(16))
+    from_stack: Mapped[str | None] = mapped_column(String(63))
+    repair_id: Mapped[str | None] = mapped_column(ID)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+    updated_at: Mapped[dt.datetime]

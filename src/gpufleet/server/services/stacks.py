@@ -139,11 +139,18 @@ def software_of(node: NodeRow) -> NodeSoftware:
     return NodeSoftware.model_validate(node.software or {})
 
 
+def stack_of_node(node: NodeRow, cluster: ClusterRow) -> str | None:
+    """The stack the node should run: its own while a rollout moved it on (or rolled it
+    back), else its cluster's."""
+    return node.stack or cluster.stack
+
+
 async def node_skew(session: AsyncSession, node: NodeRow, cluster: ClusterRow) -> list[Skew]:
-    """What the node runs otherwise than its cluster's stack ([] without a stack)."""
-    if cluster.stack is None:
+    """What the node runs otherwise than its stack ([] without a stack)."""
+    name = stack_of_node(node, cluster)
+    if name is None:
         return []
-    stack = await session.get(StackRow, cluster.stack)
+    stack = await session.get(StackRow, name)
     if stack is None:
         return []
     return skew(StackSpec.model_validate(stack, from_attributes=True), software_of(node))

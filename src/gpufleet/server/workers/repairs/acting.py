@@ -34,6 +34,7 @@ from gpufleet.server.db.tables import GpuRow, HostRow, NodeRow
 from gpufleet.server.services.auth import NODE_TOKEN_PREFIX, generate_token, hash_token
 from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
 from gpufleet.server.services.hosts import take_out_of_service
+from gpufleet.server.services.stacks import stack_of_node, stack_user_data
 from gpufleet.server.workers.repairs.context import (
     ACTOR,
     LoadedRepair,
@@ -201,7 +202,11 @@ async def _call(
                 open_enrollment(node, now=ctx.clock.now())
             else:
                 node.token_hash = hash_token(token)  # a fresh install gets a fresh token
+            # A reinstall installs the node's stack (a rollout's new one, else the cluster's).
+            stack = await stack_user_data(session, stack_of_node(node, loaded.cluster))
         user_data = _user_data(ctx, loaded, None if enrolls else token)
+        if stack is not None:
+            user_data["gpufleet_stack"] = stack
         moved = await provider.reprovision(instance_id, user_data=user_data)
         if moved is not None and moved.instance_id != instance_id:
             await _relaunched(ctx, loaded, moved)

@@ -29,6 +29,7 @@ from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.services.node_holds import down_in_scheduler
 from gpufleet.server.services.nodes import switch_node_state
+from gpufleet.server.services.rollouts import window_closed
 from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.workers.repairs.context import (
     ACTOR,
@@ -55,6 +56,14 @@ async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
     if evicting.evicted:
         await ctx.note(loaded, f"evicted {', '.join(evicting.evicted)}")
     leaving = evicting.blocked + evicting.terminating
+    rollout = loaded.progress.get("rollout_id")
+    if not jobs and not leaving and rollout:
+        # A rollout's node is reinstalled inside its window only: drained after the
+        # window closed, it waits drained for the next opening.
+        closed = await window_closed(ctx.db, rollout_id=str(rollout), now=ctx.clock.now())
+        if closed is not None:
+            await ctx.note(loaded, closed)
+            return
     if not jobs and not leaving:
         ctx.failpoints.hit("repair.draining.after_empty")
         await ctx.transition(
@@ -68,7 +77,8 @@ async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
     now = ctx.clock.now()
     waited = (now - (repair.step_started_at or now)).total_seconds()
     listing = _listing(jobs) + _leaving(evicting)
-    timed_out = waited >= policy.drain_timeout_s
+    # A rollout never ends a job: its drain waits them out, whatever the policy's timeout.
+    timed_out = waited >= policy.drain_timeout_s and not rollout
     if (loaded.progress.get("kill_now") or (repair.forced and timed_out)) and isinstance(
         scheduler, SupportsDown
     ):

@@ -1,0 +1,370 @@
+"""The rollout reconciler: takes each unfinished stack rollout (``services/rollouts.py``)
+one step further each pass. Level-triggered and crash-safe: a pass reads the rollout,
+its nodes and their repairs under the rollout's row lock and writes what follows from
+them, so a server killed anywhere re-reads the same state and starts no node twice (a
+node's migration is recorded in the transaction that makes its repair).
+
+Per pass, per rollout:
+
+1. **follow** the nodes under way: their repair succeeded → done (rolled back); failed,
+   or the node left → failed (one more against the failure budget);
+2. **decide**: aborting with nothing under way → aborted; every node done → succeeded
+   (the cluster's stack becomes the new one); only failed nodes left, or the budget
+   reached → paused; the window closed → scheduled (waiting); open → running;
+3. **start** nodes while running, in order, so that nodes under way plus nodes already
+   out of service for other reasons stay within max unavailable; never a node with an
+   open repair, never while the cluster's repair breaker is tripped;
+4. **reserve** on a scheduler that has reservations (Slurm): a MAINT reservation for the
+   current or next opening on the nodes still to move, made once per opening, so that
+   jobs whose time limit would cross into the window do not start there; dropped when
+   the rollout ends or pauses.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gpufleet.core.enums import EventKind, NodeState, RepairStatus
+from gpufleet.core.enums import RolloutNodeStatus as NS
+from gpufleet.core.enums import RolloutStatus as RS
+from gpufleet.core.errors import DriverError
+from gpufleet.core.repair.models import OPEN_STATUSES
+from gpufleet.core.windows import Window, max_unavailable_count, next_batch
+from gpufleet.schedulers.base import SupportsReservations
+from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow, RolloutNodeRow, RolloutRow
+from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.services.events import record_event
+from gpufleet.server.services.node_callers import REFUSED_NODE_STATES
+from gpufleet.server.services.rollouts import (
+    ACTIVE,
+    ACTOR,
+    FINAL,
+    start_migration,
+    switch_rollout_node_status,
+    switch_rollout_status,
+)
+from gpufleet.server.services.schedulers import scheduler_for
+from gpufleet.server.workers.base import LoopDeps, LoopService
+
+log = logging.getLogger(__name__)
+
+_GONE = REFUSED_NODE_STATES  # removing or removed: out of the cluster
+# A reservation is made this long before its opening at most (Slurm plans jobs by their
+# time limits; a week covers any limit a GPU cluster sets).
+RESERVE_AHEAD = dt.timedelta(days=7)
+_DONE = {NS.MIGRATING: NS.DONE, NS.ROLLING_BACK: NS.ROLLED_BACK}
+
+
+def _under_way(entry: RolloutNodeRow) -> bool:
+    return NS(entry.status) in _DONE and entry.repair_id is not None
+
+
+def _to_start(entry: RolloutNodeRow) -> bool:
+    status = NS(entry.status)
+    if status is NS.PENDING:
+        return True
+    # A failed node put back in line (resume with retry), or a rollback not begun.
+    return status in (NS.FAILED, NS.ROLLING_BACK) and entry.repair_id is None
+
+
+class RolloutLoop(LoopService):
+    name = "rollouts"
+
+    def __init__(self, deps: LoopDeps, *, interval_s: float, drivers: DriverRegistry) -> None:
+        super().__init__(deps, interval_s=interval_s)
+        self.drivers = drivers
+
+    async def run_once(self) -> None:
+        async with self.db.session() as session:
+            ids = list(
+                await session.scalars(
+                    select(RolloutRow.id)
+                    .where(RolloutRow.status.in_([s.value for s in ACTIVE]))
+                    .order_by(RolloutRow.id)
+                )
+            )
+        for rollout_id in ids:
+            try:
+                await self.step(rollout_id)
+            except Exception:  # one rollout's trouble never stalls the others
+                log.exception("rollouts: step of %s failed", rollout_id)
+
+    async def step(self, rollout_id: str) -> None:
+        now = self.clock.now()
+        async with self.db.transaction() as session:
+            rollout = await session.get(RolloutRow, rollout_id, with_for_update=True)
+            if rollout is None or RS(rollout.status) not in ACTIVE:
+                return
+            cluster = await session.get(ClusterRow, rollout.cluster_id)
+            if cluster is None:
+                return
+            await _advance(session, rollout, cluster, now=now)
+            status, reservation = RS(rollout.status), rollout.reservation
+            want = _wanted_opening(rollout, now)
+        await self._reserve(rollout_id, cluster, status, reservation, want, now=now)
+
+    async def _reserve(
+        self,
+        rollout_id: str,
+        cluster: ClusterRow,
+        status: RS,
+        reservation: str,
+        want: tuple[dt.datetime, dt.datetime] | None,
+        *,
+        now: dt.datetime,
+    ) -> None:
+        """Keep the scheduler's MAINT reservation in step with the rollout (act: no
+        transaction open), then record it."""
+        try:
+            scheduler = scheduler_for(self.drivers, cluster)
+        except DriverError:
+            return
+        if not isinstance(scheduler, SupportsReservations):
+            return
+        name = f"gpufleet-maint-{rollout_id[:8]}"
+        async with self.db.session() as session:
+            rollout = await session.get(RolloutRow, rollout_id)
+            if rollout is None:
+                return
+            covered = rollout.reserved_for
+            nodes = await _scheduler_names(session, rollout_id)
+        if status in FINAL or status is RS.PAUSED or want is None or not nodes:
+            if reservation:
+                await scheduler.delete_reservation(reservation)
+                await self._record(rollout_id, reservation="", reserved_for="", now=now)
+            return
+        start, end = want
+        if covered == start.isoformat() or start - now > RESERVE_AHEAD:
+            return
+        begin = max(start, now)
+        await scheduler.delete_reservation(name)  # an earlier opening's, if any
+        await scheduler.create_reservation(
+            name,
+            nodes=tuple(nodes),
+            duration_s=(end - begin).total_seconds(),
+            users=("root",),
+            ignore_jobs=True,
+            start=None if begin <= now else begin,
+        )
+        await self._record(rollout_id, reservation=name, reserved_for=start.isoformat(), now=now)
+
+    async def _record(
+        self, rollout_id: str, *, reservation: str, reserved_for: str, now: dt.datetime
+    ) -> None:
+        async with self.db.transaction() as session:
+            rollout = await session.get(RolloutRow, rollout_id, with_for_update=True)
+            if rollout is None:
+                return
+            cluster = await session.get(ClusterRow, rollout.cluster_id)
+            rollout.reservation, rollout.reserved_for = reservation, reserved_for
+            rollout.updated_at = now
+            if cluster is not None:
+                message = (
+                    f"cluster {cluster.name}: maintenance reservation {reservation} for the "
+                    f"opening at {reserved_for}"
+                    if reservation
+                    else f"cluster {cluster.name}: maintenance reservation dropped"
+                )
+                record_event(
+                    session, kind=EventKind.ROLLOUT_STATUS, message=message,
+                    project_id=cluster.project_id, cluster_id=cluster.id, actor=ACTOR, ts=now,
+                    data={"rollout_id": rollout_id, "reservation": reservation,
+                          "reserved_for": reserved_for},
+                )  # fmt: skip
+
+
+def _wanted_opening(
+    rollout: RolloutRow, now: dt.datetime
+) -> tuple[dt.datetime, dt.datetime] | None:
+    if RS(rollout.status) not in (RS.SCHEDULED, RS.RUNNING):
+        return None
+    return Window.model_validate(rollout.window).next_opening(now)
+
+
+async def _scheduler_names(session: AsyncSession, rollout_id: str) -> list[str]:
+    """The scheduler names of the rollout's nodes still to move or under way."""
+    rows = (
+        await session.execute(
+            select(NodeRow.scheduler_name, NodeRow.name, RolloutNodeRow.status)
+            .join(RolloutNodeRow, RolloutNodeRow.node_id == NodeRow.id)
+            .where(RolloutNodeRow.rollout_id == rollout_id, NodeRow.state.not_in(_GONE))
+            .order_by(RolloutNodeRow.position)
+        )
+    ).all()
+    final = {NS.DONE.value, NS.ROLLED_BACK.value, NS.SKIPPED.value}
+    return [sched or name for sched, name, status in rows if status not in final]
+
+
+async def _advance(
+    session: AsyncSession, rollout: RolloutRow, cluster: ClusterRow, *, now: dt.datetime
+) -> None:
+    entries = list(
+        await session.scalars(
+            select(RolloutNodeRow)
+            .where(RolloutNodeRow.rollout_id == rollout.id)
+            .order_by(RolloutNodeRow.position)
+            .with_for_update()
+        )
+    )
+    nodes = {
+        n.id: n
+        for n in await session.scalars(
+            select(NodeRow).where(NodeRow.id.in_([e.node_id for e in entries]))
+        )
+    }
+    _follow(session, rollout, cluster, entries, nodes, await _repairs(session, entries), now)
+    status = RS(rollout.status)
+
+    def change(target: RS, reason: str) -> None:
+        switch_rollout_status(
+            session, rollout=rollout, cluster=cluster, target=target, actor=ACTOR,
+            reason=reason, now=now,
+        )  # fmt: skip
+
+    under_way = [e for e in entries if _under_way(e)]
+    waiting = [e for e in entries if _to_start(e)]
+    if status is RS.ABORTING:
+        if not under_way:
+            moved = sum(1 for e in entries if NS(e.status) is NS.DONE)
+            change(RS.ABORTED, f"aborted: {moved} of {len(entries)} node(s) moved")
+        return
+    if not waiting and not under_way:
+        failed = [e for e in entries if NS(e.status) is NS.FAILED]
+        if failed:
+            if status is not RS.PAUSED:
+                change(RS.PAUSED, f"{len(failed)} node(s) failed: resume with retry, roll "
+                                  "them back, or abort")  # fmt: skip
+            return
+        cluster.stack = rollout.to_stack
+        cluster.updated_at = now
+        moved = sum(1 for e in entries if NS(e.status) is NS.DONE)
+        change(RS.SUCCEEDED, f"{moved} node(s) on stack {rollout.to_stack}; the cluster's "
+                             f"stack is {rollout.to_stack}")  # fmt: skip
+        return
+    if status is RS.PAUSED:
+        return
+    if rollout.failures >= rollout.failure_budget:
+        change(RS.PAUSED, f"failure budget reached: {rollout.failures} node(s) failed of "
+                          f"{rollout.failure_budget} allowed")  # fmt: skip
+        return
+    window = Window.model_validate(rollout.window)
+    opening = window.open_at(now)
+    if opening is None:
+        nxt = window.next_opening(now)
+        when = f"; next opening {nxt[0].isoformat()}" if nxt else "; it never opens again"
+        if status is RS.RUNNING:
+            change(RS.SCHEDULED, f"window closed{when}")
+        return
+    if status is RS.SCHEDULED:
+        change(RS.RUNNING, f"window open until {opening[1].isoformat()}")
+    if cluster.repair_breaker_tripped_at is not None:
+        rollout.detail = f"waiting: the repair breaker is tripped ({cluster.repair_breaker_reason})"
+        return
+    await _start(session, rollout, cluster, entries, nodes, now=now)
+
+
+async def _repairs(session: AsyncSession, entries: list[RolloutNodeRow]) -> dict[str, RepairRow]:
+    ids = [e.repair_id for e in entries if e.repair_id]
+    if not ids:
+        return {}
+    return {r.id: r for r in await session.scalars(select(RepairRow).where(RepairRow.id.in_(ids)))}
+
+
+def _follow(
+    session: AsyncSession,
+    rollout: RolloutRow,
+    cluster: ClusterRow,
+    entries: list[RolloutNodeRow],
+    nodes: dict[str, NodeRow],
+    repairs: dict[str, RepairRow],
+    now: dt.datetime,
+) -> None:
+    """Nodes under way end with their repair; nodes gone before their turn are skipped."""
+    for entry in entries:
+        node = nodes.get(entry.node_id)
+        name = node.name if node is not None else entry.node_id
+
+        def to(target: NS, reason: str, entry: RolloutNodeRow = entry, name: str = name) -> None:
+            switch_rollout_node_status(
+                session, entry=entry, rollout=rollout, cluster=cluster, node_name=name,
+                target=target, actor=ACTOR, reason=reason, now=now,
+            )  # fmt: skip
+
+        if NS(entry.status) is NS.PENDING and (node is None or node.state in _GONE):
+            to(NS.SKIPPED, "the node left the cluster before its turn")
+            continue
+        if not _under_way(entry):
+            continue
+        repair = repairs.get(entry.repair_id or "")
+        done = _DONE[NS(entry.status)]
+        if repair is not None and RepairStatus(repair.status) is RepairStatus.SUCCEEDED:
+            to(done, f"on stack {node.stack if node else '?'}: repair {repair.id} succeeded")
+        elif repair is None or repair.status not in {s.value for s in OPEN_STATUSES}:
+            why = repair.detail if repair is not None else "its repair is gone"
+            rollout.failures += 1
+            to(NS.FAILED, f"repair {entry.repair_id} {repair.status if repair else ''}: {why}"[
+                :2000])  # fmt: skip
+        elif repair.detail and entry.detail != repair.detail:
+            entry.detail, entry.updated_at = repair.detail, now
+
+
+async def _start(
+    session: AsyncSession,
+    rollout: RolloutRow,
+    cluster: ClusterRow,
+    entries: list[RolloutNodeRow],
+    nodes: dict[str, NodeRow],
+    *,
+    now: dt.datetime,
+) -> None:
+    total = await session.scalar(
+        select(func.count()).where(NodeRow.cluster_id == cluster.id, NodeRow.state.not_in(_GONE))
+    )
+    limit = max_unavailable_count(rollout.max_unavailable, int(total or 0))
+    under_way = {e.node_id for e in entries if _under_way(e)}
+    out_other = await session.scalar(
+        select(func.count()).where(
+            NodeRow.cluster_id == cluster.id,
+            NodeRow.state.not_in(_GONE | {NodeState.IN_SERVICE.value}),
+            NodeRow.id.not_in(under_way) if under_way else NodeRow.id.is_not(None),
+        )
+    )
+    waiting = [e for e in entries if _to_start(e)]
+    busy = set(
+        await session.scalars(
+            select(RepairRow.node_id).where(
+                RepairRow.node_id.in_([e.node_id for e in waiting]),
+                RepairRow.status.in_([s.value for s in OPEN_STATUSES]),
+            )
+        )
+    )
+    ready = [
+        e
+        for e in waiting
+        if e.node_id not in busy
+        and (n := nodes.get(e.node_id)) is not None
+        and n.state == NodeState.IN_SERVICE.value
+    ]
+    chosen = set(
+        next_batch(
+            [e.id for e in ready],
+            in_flight=len(under_way),
+            unavailable_other=int(out_other or 0),
+            limit=limit,
+        )
+    )
+    for entry in ready:
+        if entry.id not in chosen:
+            continue
+        node = await session.get(NodeRow, entry.node_id, with_for_update=True)
+        if node is None or node.state != NodeState.IN_SERVICE.value:
+            continue
+        start_migration(session, rollout=rollout, cluster=cluster, entry=entry, node=node, now=now)
+    left = sum(1 for e in entries if _to_start(e))
+    rollout.detail = (
+        f"{len(under_way) + len(chosen)} node(s) under way (at most {limit}), {left} to go"
+    )
