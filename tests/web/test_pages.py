@@ -21,6 +21,7 @@ TABS = (
     "nodes",
     "repairs",
     "checks",
+    "rollouts",
 )
 
 

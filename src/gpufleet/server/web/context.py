@@ -30,6 +30,7 @@ TABS = (
     Tab("nodes", "Nodes"),
     Tab("repairs", "Repairs"),
     Tab("checks", "Checks"),
+    Tab("rollouts", "Rollouts"),
 )
 
 

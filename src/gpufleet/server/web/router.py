@@ -21,6 +21,7 @@ from gpufleet.server.web import (
     overview,
     reliability,
     repairs,
+    rollouts,
     utilization,
 )
 
@@ -37,6 +38,7 @@ def console_router() -> APIRouter:
         nodes,
         repairs,
         checks,
+        rollouts,
         members,
         live,
         fallback,  # last: a path no page matched
