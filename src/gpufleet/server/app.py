@@ -389,7 +389,12 @@ def build_loops(ctx: AppContext) -> list[LoopService]:
             staleness_s=ctx.settings.staleness_s,
         ),
         # Stack rollouts: after the executor, so a node whose repair just ended is seen.
-        RolloutLoop(deps, interval_s=ctx.settings.repair_interval_s, drivers=ctx.drivers),
+        RolloutLoop(
+            deps,
+            interval_s=ctx.settings.repair_interval_s,
+            drivers=ctx.drivers,
+            failpoints=Failpoints.parse(ctx.settings.failpoints),
+        ),
         CommandExpiryLoop(deps, interval_s=max(ctx.settings.reconcile_interval_s, 5.0)),
         CheckRunner(
             deps,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -37,6 +38,7 @@ from gpufleet.core.windows import Window, max_unavailable_count, next_batch
 from gpufleet.schedulers.base import SupportsReservations
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow, RolloutNodeRow, RolloutRow
 from gpufleet.server.drivers import DriverRegistry
+from gpufleet.server.failpoints import Failpoints
 from gpufleet.server.services.events import record_event
 from gpufleet.server.services.node_callers import REFUSED_NODE_STATES
 from gpufleet.server.services.rollouts import (
@@ -71,12 +73,28 @@ def _to_start(entry: RolloutNodeRow) -> bool:
     return status in (NS.FAILED, NS.ROLLING_BACK) and entry.repair_id is None
 
 
+@dataclass
+class _Pass:
+    """What one pass over a rollout did (for the crash tests' failpoints)."""
+
+    ended: int = 0  # nodes whose migration ended
+    started: int = 0  # nodes whose migration began
+
+
 class RolloutLoop(LoopService):
     name = "rollouts"
 
-    def __init__(self, deps: LoopDeps, *, interval_s: float, drivers: DriverRegistry) -> None:
+    def __init__(
+        self,
+        deps: LoopDeps,
+        *,
+        interval_s: float,
+        drivers: DriverRegistry,
+        failpoints: Failpoints | None = None,
+    ) -> None:
         super().__init__(deps, interval_s=interval_s)
         self.drivers = drivers
+        self.failpoints = failpoints or Failpoints()
 
     async def run_once(self) -> None:
         async with self.db.session() as session:
@@ -102,9 +120,15 @@ class RolloutLoop(LoopService):
             cluster = await session.get(ClusterRow, rollout.cluster_id)
             if cluster is None:
                 return
-            await _advance(session, rollout, cluster, now=now)
+            seen = _Pass()
+            await _advance(session, rollout, cluster, now=now, seen=seen)
             status, reservation = RS(rollout.status), rollout.reservation
             want = _wanted_opening(rollout, now)
+        # Committed: a crash from here on must neither start a node again nor lose an end.
+        if seen.started:
+            self.failpoints.hit("rollout.after_start")
+        if seen.ended:
+            self.failpoints.hit("rollout.after_node_end")
         await self._reserve(rollout_id, cluster, status, reservation, want, now=now)
 
     async def _reserve(
@@ -200,7 +224,12 @@ async def _scheduler_names(session: AsyncSession, rollout_id: str) -> list[str]:
 
 
 async def _advance(
-    session: AsyncSession, rollout: RolloutRow, cluster: ClusterRow, *, now: dt.datetime
+    session: AsyncSession,
+    rollout: RolloutRow,
+    cluster: ClusterRow,
+    *,
+    now: dt.datetime,
+    seen: _Pass,
 ) -> None:
     entries = list(
         await session.scalars(
@@ -216,7 +245,9 @@ async def _advance(
             select(NodeRow).where(NodeRow.id.in_([e.node_id for e in entries]))
         )
     }
-    _follow(session, rollout, cluster, entries, nodes, await _repairs(session, entries), now)
+    seen.ended = _follow(
+        session, rollout, cluster, entries, nodes, await _repairs(session, entries), now
+    )
     status = RS(rollout.status)
 
     def change(target: RS, reason: str) -> None:
@@ -264,7 +295,7 @@ async def _advance(
     if cluster.repair_breaker_tripped_at is not None:
         rollout.detail = f"waiting: the repair breaker is tripped ({cluster.repair_breaker_reason})"
         return
-    await _start(session, rollout, cluster, entries, nodes, now=now)
+    seen.started = await _start(session, rollout, cluster, entries, nodes, now=now)
 
 
 async def _repairs(session: AsyncSession, entries: list[RolloutNodeRow]) -> dict[str, RepairRow]:
@@ -282,8 +313,10 @@ def _follow(
     nodes: dict[str, NodeRow],
     repairs: dict[str, RepairRow],
     now: dt.datetime,
-) -> None:
-    """Nodes under way end with their repair; nodes gone before their turn are skipped."""
+) -> int:
+    """Nodes under way end with their repair; nodes gone before their turn are skipped.
+    Returns how many ended."""
+    ended = 0
     for entry in entries:
         node = nodes.get(entry.node_id)
         name = node.name if node is not None else entry.node_id
@@ -302,14 +335,17 @@ def _follow(
         repair = repairs.get(entry.repair_id or "")
         done = _DONE[NS(entry.status)]
         if repair is not None and RepairStatus(repair.status) is RepairStatus.SUCCEEDED:
+            ended += 1
             to(done, f"on stack {node.stack if node else '?'}: repair {repair.id} succeeded")
         elif repair is None or repair.status not in {s.value for s in OPEN_STATUSES}:
             why = repair.detail if repair is not None else "its repair is gone"
             rollout.failures += 1
+            ended += 1
             to(NS.FAILED, f"repair {entry.repair_id} {repair.status if repair else ''}: {why}"[
                 :2000])  # fmt: skip
         elif repair.detail and entry.detail != repair.detail:
             entry.detail, entry.updated_at = repair.detail, now
+    return ended
 
 
 async def _start(
@@ -320,7 +356,8 @@ async def _start(
     nodes: dict[str, NodeRow],
     *,
     now: dt.datetime,
-) -> None:
+) -> int:
+    """Start what max unavailable allows now; returns how many started."""
     total = await session.scalar(
         select(func.count()).where(NodeRow.cluster_id == cluster.id, NodeRow.state.not_in(_GONE))
     )
@@ -357,6 +394,7 @@ async def _start(
             limit=limit,
         )
     )
+    started = 0
     for entry in ready:
         if entry.id not in chosen:
             continue
@@ -364,7 +402,7 @@ async def _start(
         if node is None or node.state != NodeState.IN_SERVICE.value:
             continue
         start_migration(session, rollout=rollout, cluster=cluster, entry=entry, node=node, now=now)
+        started += 1
     left = sum(1 for e in entries if _to_start(e))
-    rollout.detail = (
-        f"{len(under_way) + len(chosen)} node(s) under way (at most {limit}), {left} to go"
-    )
+    rollout.detail = f"{len(under_way) + started} node(s) under way (at most {limit}), {left} to go"
+    return started

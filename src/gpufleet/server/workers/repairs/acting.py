@@ -297,13 +297,18 @@ async def _failover(ctx: RepairContext, loaded: LoadedRepair) -> None:
         token = generate_token(NODE_TOKEN_PREFIX)
         token_hash = hash_token(token)
         enrolls = takes_no_user_data(loaded.cluster.provider)
+        user_data = _user_data(ctx, loaded, None if enrolls else token)
+        async with ctx.db.session() as session:  # the replacement runs the node's stack
+            stack = await stack_user_data(session, stack_of_node(loaded.node, loaded.cluster))
+        if stack is not None:
+            user_data["gpufleet_stack"] = stack
         request = ProvisionRequest(
             client_token=f"{loaded.repair.id}/failover",
             cluster_id=loaded.cluster.id,
             node_name=loaded.node.name,
             gpu_model=loaded.cluster.gpu_model,
             gpu_count=loaded.cluster.gpus_per_node,
-            user_data=_user_data(ctx, loaded, None if enrolls else token),
+            user_data=user_data,
         )
         try:
             # Idempotent by client token: after a crash before the replacement was

@@ -14,7 +14,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from sqlalchemy import or_, select, union
+from sqlalchemy import and_, or_, select, union
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.enums import ClusterStatus, EventKind, NodeState, RepairAction, RepairStatus
@@ -134,7 +134,12 @@ class RepairPlanner(LoopService):
                     RepairRow.cluster_id == cluster.id,
                     or_(
                         RepairRow.status.in_([s.value for s in OPEN_STATUSES]),
-                        RepairRow.finished_at >= window,
+                        # History (cooldown, the ladder) is of repairs for faults: a
+                        # rollout's reinstall is planned maintenance, not a rung climbed.
+                        and_(
+                            RepairRow.finished_at >= window,
+                            RepairRow.source != RepairSource.ROLLOUT.value,
+                        ),
                     ),
                 )
             )
