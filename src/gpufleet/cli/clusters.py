@@ -1,4 +1,5 @@
-"""``gpufleet clusters``: list, create, show, status, delete; the repair breaker; the
+"""``gpufleet clusters``: list, create, show, status, delete; ``migrate`` to another
+stack in a maintenance window (followed with ``gpufleet rollouts``); the repair breaker; the
 provider configuration (``provider-config``, cli/provider_config.py). A kubernetes
 cluster is created with its kubeconfig (``--kubeconfig FILE [--context NAME]``, read here
 and sent once; the server keeps it sealed) or ``--in-cluster``."""
@@ -12,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from gpufleet.cli import autoscale, config, provider_config
+from gpufleet.cli import autoscale, config, provider_config, rollouts
 from gpufleet.cli.errors import CliError
 from gpufleet.cli.output import (
     HEALTH_STYLES,
@@ -32,6 +33,7 @@ from gpufleet.cli.output import (
 )
 from gpufleet.cli.paging import collect
 from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
+from gpufleet.core.errors import InvalidInput
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.models import (
     Breaker,
@@ -41,6 +43,7 @@ from gpufleet.core.models import (
     Page,
     SchedulerConfig,
 )
+from gpufleet.core.windows import parse_max_unavailable, parse_window
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
 app.add_typer(provider_config.app, name="provider-config")
@@ -396,6 +399,60 @@ def delete_cluster(
         emit(output, deleted, _render_one)
     else:
         note(f"cluster {deleted.name} is {deleted.status.value}")
+
+
+@app.command("migrate")
+def migrate(
+    ctx: typer.Context,
+    ref: ClusterRef,
+    to_stack: Annotated[
+        str, typer.Option("--to", help="The stack to move to (`gpufleet stacks list`).")
+    ],
+    window: Annotated[
+        str,
+        typer.Option(
+            help="When nodes may go out of service: 'sat 02:00/4h', 'mon,wed 22:00/3h', "
+            "'daily 01:00/90m' (every week or day), or once, '2026-12-06T02:00/2h'."
+        ),
+    ],
+    tz: Annotated[
+        str, typer.Option(help="IANA time zone the window is read in, e.g. Europe/Berlin.")
+    ] = "UTC",
+    max_unavailable: Annotated[
+        str,
+        typer.Option(help="Most nodes out at once: a count (1, 2) or a share (25%)."),
+    ] = "1",
+    failure_budget: Annotated[
+        int, typer.Option(min=1, help="Pause after this many nodes fail their migration.")
+    ] = 1,
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why; kept in the audit log.")] = "",
+    project: ProjectOpt = None,
+    output: OutputOpt = OutputFormat.TABLE,
+) -> None:
+    """Move a cluster to another stack inside a maintenance window (project admins).
+
+    Node by node, at most --max-unavailable at once: cordoned, drained (jobs end, never
+    killed), reinstalled, re-accepted. Follow it with `gpufleet rollouts show ID`."""
+    # The server checks the same; here a typo fails before anything is sent.
+    try:
+        parse_window(window, tz=tz)
+        max_unavailable = parse_max_unavailable(max_unavailable)
+    except InvalidInput as exc:
+        raise CliError(f"{exc.message}; nothing was sent") from None
+    with config.client_for(ctx) as client:
+        cluster = client.find_cluster(ref, project=project)
+        made = client.create_rollout(
+            cluster.id,
+            to_stack=to_stack,
+            window=window,
+            tz=tz,
+            max_unavailable=max_unavailable,
+            failure_budget=failure_budget,
+            reason=reason,
+        )
+    emit(output, made, rollouts.render_summary)
+    if output is OutputFormat.TABLE:
+        note(f"follow it with: gpufleet rollouts show {made.id}")
 
 
 def _render_breaker(b: Breaker) -> None:

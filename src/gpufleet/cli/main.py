@@ -75,6 +75,10 @@ COMMANDS: dict[str, Entry] = {
     "stacks": Entry(
         "stacks", "app", "Software stacks: what nodes run (driver, CUDA, Slurm...); the latest."
     ),
+    "rollouts": Entry(
+        "rollouts", "app",
+        "Stack rollouts: clusters migrating to another stack in maintenance windows.",
+    ),
     "reliability": Entry(
         "reliability", "app", "Where GPU-hours went: outages by cause, MTTR and MTBF."
     ),

@@ -25,6 +25,7 @@ from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.client.http import ServerUrls, is_idempotent, raise_for_error, send_with_failover
 from gpufleet.client.inventory import InventoryCalls
 from gpufleet.client.providers import ProviderCalls
+from gpufleet.client.rollouts import RolloutCalls
 from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
 from gpufleet.core.check_runs import CheckRun
 from gpufleet.core.enums import (
@@ -133,7 +134,7 @@ def _query(params: Mapping[str, object]) -> dict[str, QueryValue]:
     return out
 
 
-class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls):
+class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, RolloutCalls):
     """Synchronous client for one gpufleet server.
 
     ``token`` is an API token (``Authorization: Bearer``); ``None`` only reaches the

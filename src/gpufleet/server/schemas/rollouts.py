@@ -1,17 +1,19 @@
-"""Bodies and answers of ``/api/v1/clusters/{id}/rollouts`` and ``/api/v1/rollouts``: a
-cluster's migration to another stack inside maintenance windows."""
+"""Bodies of ``/api/v1/clusters/{id}/rollouts`` and ``/api/v1/rollouts`` (a cluster's
+migration to another stack inside maintenance windows); the answers are
+``core.rollouts``'s."""
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from gpufleet.core.enums import RolloutNodeStatus, RolloutStatus
+from gpufleet.core.rollouts import Opening, Rollout, RolloutNode
 from gpufleet.core.stacks import STACK_NAME
-from gpufleet.core.windows import Window
 from gpufleet.server.schemas.common import Request
+
+__all__ = ["CreateRolloutRequest", "Opening", "RollbackRequest", "Rollout",
+           "RolloutActionRequest", "RolloutNode"]  # fmt: skip
 
 Reason = Annotated[str, Field(max_length=2000)]
 
@@ -40,46 +42,3 @@ class RolloutActionRequest(Request):
 
 class RollbackRequest(Request):
     reason: Reason = ""
-
-
-class Opening(BaseModel):
-    start: dt.datetime
-    end: dt.datetime
-
-
-class RolloutNode(BaseModel):
-    node_id: str
-    node_name: str
-    position: int
-    status: RolloutNodeStatus
-    from_stack: str | None
-    repair_id: str | None
-    repair_status: str | None  # the migration's repair, while it has one
-    attempts: int
-    detail: str
-    started_at: dt.datetime | None
-    finished_at: dt.datetime | None
-
-
-class Rollout(BaseModel):
-    id: str
-    cluster_id: str
-    cluster_name: str
-    from_stack: str | None
-    to_stack: str
-    status: RolloutStatus
-    window: Window
-    window_text: str  # the window as a person reads it
-    open_now: bool
-    next_opening: Opening | None  # the current opening, else the next (None: no more)
-    max_unavailable: str
-    failure_budget: int
-    failures: int
-    reservation: str  # the scheduler's maintenance reservation, "" for none
-    counts: dict[str, int]  # nodes by status
-    detail: str
-    created_by: str
-    created_at: dt.datetime
-    updated_at: dt.datetime
-    finished_at: dt.datetime | None
-    nodes: list[RolloutNode]
