@@ -244,3 +244,51 @@ async def test_bad_rollout_requests_are_refused_whole(database_url: str, tmp_pat
         assert resumed.status_code == 200 and resumed.json()["status"] == "scheduled"
         missing = await fleet.app.client.get("/api/v1/rollouts/0000")
         assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("policy", ["wait", "release"])
+async def test_a_drain_unfinished_at_the_windows_close_waits_or_is_released(
+    database_url: str, tmp_path: Path, policy: str
+) -> None:
+    async with bringup(database_url, tmp_path, step_s=STEP_S) as fleet:
+        cid, nodes = await _cluster(fleet, 2)
+        first = nodes["train-000"]
+        # A 3-hour job on both nodes: train-000's drain outlasts the 1-hour window.
+        fleet.world.submit_job(cluster_id=cid, node_count=2, gpus_per_node=8, duration_s=3 * 3600)
+        await fleet.tick()
+        opened = (fleet.clock.now() - dt.timedelta(minutes=1)).astimezone(ZoneInfo(TZ))
+        made = await fleet.app.client.post(
+            f"/api/v1/clusters/{cid}/rollouts",
+            json={"to_stack": "gpu-2026.12", "window": f"daily {opened:%H:%M}/1h", "tz": TZ,
+                  "on_window_close": policy},
+        )  # fmt: skip
+        assert made.status_code == 201, made.text
+        rid = made.json()["id"]
+        assert made.json()["on_window_close"] == policy
+
+        async def draining() -> bool:
+            return bool((await fleet.node(first["id"]))["state"] == "draining")
+
+        await fleet.until(draining, ticks=20, what="train-000 draining")
+        for _ in range(int(65 * 60 / STEP_S)):  # past the window's end
+            await fleet.tick()
+        body = await _rollout(fleet, rid)
+        by_name = {n["node_name"]: n for n in body["nodes"]}
+        shown = await fleet.node(first["id"])
+        assert body["status"] == "scheduled" and body["open_now"] is False, body
+        assert fleet.world.jobs_on_node("train-000", cluster_id=cid)  # never killed
+        (repair,) = [r for r in await fleet.repairs(cluster=cid, all="true")
+                     if r["source"] == "rollout"]  # fmt: skip
+        if policy == "wait":
+            assert shown["state"] == "draining", shown
+            assert by_name["train-000"]["status"] == "migrating"
+            assert repair["status"] == "draining"
+        else:
+            assert shown["state"] == "in_service", shown
+            assert by_name["train-000"]["status"] == "pending"
+            assert by_name["train-000"]["repair_id"] is None
+            assert repair["status"] == "released" and "window" in repair["detail"]
+            assert shown["stack_skew"] == []  # its own stack is the old one again
+            status = fleet.world.node_status("train-000", cluster_id=cid)
+            assert not status.drained, status  # the hold is undone in the scheduler
+        assert by_name["train-001"]["status"] == "pending"  # nothing else started

@@ -43,6 +43,7 @@ from gpufleet.core.models import (
     Page,
     SchedulerConfig,
 )
+from gpufleet.core.rollouts import WindowClose
 from gpufleet.core.windows import parse_max_unavailable, parse_window
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)
@@ -425,6 +426,13 @@ def migrate(
     failure_budget: Annotated[
         int, typer.Option(min=1, help="Pause after this many nodes fail their migration.")
     ] = 1,
+    on_window_close: Annotated[
+        WindowClose,
+        typer.Option(
+            help="A node not reinstalled when the window closes: wait (cordoned, for the "
+            "next opening) or release (back in service, in line again)."
+        ),
+    ] = WindowClose.WAIT,
     reason: Annotated[str, typer.Option("--reason", "-r", help="Why; kept in the audit log.")] = "",
     project: ProjectOpt = None,
     output: OutputOpt = OutputFormat.TABLE,
@@ -448,6 +456,7 @@ def migrate(
             tz=tz,
             max_unavailable=max_unavailable,
             failure_budget=failure_budget,
+            on_window_close=on_window_close,
             reason=reason,
         )
     emit(output, made, rollouts.render_summary)

@@ -80,6 +80,7 @@ def summary_rows(r: Rollout) -> list[tuple[str, Text | str]]:
         ("nodes", f"{len(r.nodes)}"),
         ("  by status", counts(r.counts, NODE_STYLES)),
         ("max unavailable", r.max_unavailable),
+        ("at window close", r.on_window_close.value),
         ("failures", f"{r.failures} (it pauses at {r.failure_budget})"),
     ]
 

@@ -5,7 +5,7 @@ maintenance windows, node by node (the answers: ``gpufleet.core.rollouts``). Mix
 from __future__ import annotations
 
 from gpufleet.client.calls import API, Calls, segment
-from gpufleet.core.rollouts import Rollout
+from gpufleet.core.rollouts import Rollout, WindowClose
 
 
 class RolloutCalls(Calls):
@@ -25,12 +25,15 @@ class RolloutCalls(Calls):
         tz: str = "UTC",
         max_unavailable: str = "1",
         failure_budget: int = 1,
+        on_window_close: WindowClose = WindowClose.WAIT,
         reason: str = "",
     ) -> Rollout:
         """Schedule the cluster's migration to ``to_stack`` (project admins): nodes move
         only while ``window`` is open (``sat 02:00/4h``, ``daily 01:00/90m``,
         ``2026-12-06T02:00/2h``; local time in ``tz``), at most ``max_unavailable``
-        (``"2"`` or ``"25%"``) out at once; paused after ``failure_budget`` failures.
+        (``"2"`` or ``"25%"``) out at once; paused after ``failure_budget`` failures; a
+        node not reinstalled when the window closes waits or is released
+        (``on_window_close``).
         ``ApiError`` 422 for a bad window or spec, 409 when one is already under way."""
         body = {
             "to_stack": to_stack,
@@ -38,6 +41,7 @@ class RolloutCalls(Calls):
             "tz": tz,
             "max_unavailable": max_unavailable,
             "failure_budget": failure_budget,
+            "on_window_close": on_window_close.value,
             "reason": reason,
         }
         path = f"{API}/clusters/{segment(cluster_id)}/rollouts"

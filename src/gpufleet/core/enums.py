@@ -131,6 +131,9 @@ class RepairStatus(StrEnum):
     VERIFYING = "verifying"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    # A rollout's node let go before its reinstall (its window closed; policy release):
+    # back in service on its old stack, in line for the next opening.
+    RELEASED = "released"
 
 
 class CheckStatus(StrEnum):

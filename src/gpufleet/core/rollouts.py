@@ -9,11 +9,19 @@ The server answers with these and the client and the CLI read them
 from __future__ import annotations
 
 import datetime as dt
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from gpufleet.core.enums import RolloutNodeStatus, RolloutStatus
 from gpufleet.core.windows import Window
+
+
+class WindowClose(StrEnum):
+    """What happens to a node not yet reinstalled when its window closes."""
+
+    WAIT = "wait"  # it stays cordoned (drained once its jobs end) for the next opening
+    RELEASE = "release"  # back in service on its old stack, in line for the next opening
 
 
 class _Answer(BaseModel):
@@ -53,6 +61,7 @@ class Rollout(_Answer):
     max_unavailable: str
     failure_budget: int
     failures: int
+    on_window_close: WindowClose
     reservation: str  # the scheduler's maintenance reservation, "" for none
     counts: dict[str, int]  # nodes by status
     detail: str

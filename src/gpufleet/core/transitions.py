@@ -57,9 +57,9 @@ NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
 
 REPAIR_TRANSITIONS: Mapping[RepairStatus, frozenset[RepairStatus]] = {
     R.PROPOSED: frozenset({R.APPROVED, R.REJECTED, R.SUPERSEDED, R.RESOLVED}),
-    R.APPROVED: frozenset({R.CORDONING, R.FAILED}),
-    R.CORDONING: frozenset({R.DRAINING, R.FAILED}),
-    R.DRAINING: frozenset({R.ACTING, R.FAILED}),
+    R.APPROVED: frozenset({R.CORDONING, R.FAILED, R.RELEASED}),
+    R.CORDONING: frozenset({R.DRAINING, R.FAILED, R.RELEASED}),
+    R.DRAINING: frozenset({R.ACTING, R.FAILED, R.RELEASED}),
     R.ACTING: frozenset({R.VERIFYING, R.FAILED}),
     R.VERIFYING: frozenset({R.SUCCEEDED, R.FAILED}),
     R.REJECTED: frozenset(),
@@ -67,6 +67,7 @@ REPAIR_TRANSITIONS: Mapping[RepairStatus, frozenset[RepairStatus]] = {
     R.RESOLVED: frozenset(),
     R.SUCCEEDED: frozenset(),
     R.FAILED: frozenset(),
+    R.RELEASED: frozenset(),
 }
 
 K = CheckStatus
@@ -166,7 +167,8 @@ ROLLOUT_TRANSITIONS: Mapping[RolloutStatus, frozenset[RolloutStatus]] = {
 P = RolloutNodeStatus
 ROLLOUT_NODE_TRANSITIONS: Mapping[RolloutNodeStatus, frozenset[RolloutNodeStatus]] = {
     P.PENDING: frozenset({P.MIGRATING, P.SKIPPED}),
-    P.MIGRATING: frozenset({P.DONE, P.FAILED}),
+    # Back in line: its repair was released at the window's close (policy release).
+    P.MIGRATING: frozenset({P.DONE, P.FAILED, P.PENDING}),
     P.DONE: frozenset({P.ROLLING_BACK}),
     P.FAILED: frozenset({P.ROLLING_BACK, P.MIGRATING}),
     P.ROLLING_BACK: frozenset({P.ROLLED_BACK, P.FAILED}),

@@ -832,6 +832,9 @@ class RolloutRow(Base):
     max_unavailable: Mapped[str] = mapped_column(String(8))
     failure_budget: Mapped[int] = mapped_column(Integer)
     failures: Mapped[int] = mapped_column(Integer, default=0)
+    # A node not yet reinstalled when the window closes: wait (drained, for the next
+    # opening) or release (back in service, in line again).
+    on_window_close: Mapped[str] = mapped_column(String(8), default="wait")
     # The Slurm MAINT reservation made for the current or next opening ("" for none), and
     # the opening it covers (UTC ISO start), so it is made once per opening.
     reservation: Mapped[str] = mapped_column(String(64), default="")

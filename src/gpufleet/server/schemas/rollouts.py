@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gpufleet.core.rollouts import Opening, Rollout, RolloutNode
+from gpufleet.core.rollouts import Opening, Rollout, RolloutNode, WindowClose
 from gpufleet.core.stacks import STACK_NAME
 from gpufleet.server.schemas.common import Request
 
@@ -29,6 +29,7 @@ class CreateRolloutRequest(Request):
     tz: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
     max_unavailable: Annotated[str, Field(min_length=1, max_length=8)] = "1"
     failure_budget: Annotated[int, Field(ge=1, le=10_000)] = 1
+    on_window_close: WindowClose = WindowClose.WAIT
     reason: Reason = ""
 
 

@@ -48,6 +48,7 @@ _TERMINAL = ENDED_STATUSES | {
     RepairStatus.REJECTED,
     RepairStatus.SUPERSEDED,
     RepairStatus.RESOLVED,
+    RepairStatus.RELEASED,
 }
 
 

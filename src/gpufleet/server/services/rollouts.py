@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -27,6 +28,7 @@ from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import RepairKind, RepairSource
+from gpufleet.core.rollouts import WindowClose
 from gpufleet.core.transitions import ROLLOUT, ROLLOUT_NODE
 from gpufleet.core.windows import Window, parse_max_unavailable, parse_window
 from gpufleet.server.db.engine import Database
@@ -199,6 +201,7 @@ async def create_rollout(
         max_unavailable=max_unavailable,
         failure_budget=request.failure_budget,
         failures=0,
+        on_window_close=request.on_window_close.value,
         reservation="",
         reserved_for="",
         detail=f"waiting for the window: {window.describe()}",
@@ -225,7 +228,8 @@ async def create_rollout(
     what = (
         f"cluster {cluster.name}: {len(moving)} node(s) to move from "
         f"{cluster.stack or 'no stack'} to {stack.name} in {window.describe()}, at most "
-        f"{max_unavailable} at once, paused after {request.failure_budget} failure(s)"
+        f"{max_unavailable} at once, paused after {request.failure_budget} failure(s); at "
+        f"the window's close a node not yet reinstalled will {request.on_window_close.value}"
     )
     data = {
         "rollout_id": rollout.id,
@@ -234,6 +238,7 @@ async def create_rollout(
         "window": rollout.window,
         "max_unavailable": max_unavailable,
         "failure_budget": request.failure_budget,
+        "on_window_close": request.on_window_close.value,
         "nodes": [n.name for n in moving],
         "reason": request.reason,
     }
@@ -428,20 +433,31 @@ def start_migration(
     return repair
 
 
-async def window_closed(db: Database, *, rollout_id: str, now: dt.datetime) -> str | None:
+@dataclass(frozen=True)
+class WindowClosed:
+    """A rollout's window is closed: what to do with a node not reinstalled yet."""
+
+    release: bool  # the rollout's policy: let it go (else it waits, cordoned)
+    why: str
+
+
+async def window_closed(db: Database, *, rollout_id: str, now: dt.datetime) -> WindowClosed | None:
     """Why a rollout's node may not be reinstalled now (its window is closed), or None."""
     async with db.session() as session:
         rollout = await session.get(RolloutRow, rollout_id)
-    if rollout is None:
-        return None
+    if rollout is None or RS(rollout.status) is RS.ABORTING:
+        return None  # an abort lets the nodes under way finish
     window = Window.model_validate(rollout.window)
     if window.open_at(now) is not None:
         return None
     nxt = window.next_opening(now)
-    when = f"; next opening {nxt[0].isoformat()}" if nxt else ""
-    return (
-        f"drained after the maintenance window ({window.describe()}) closed: the node "
-        f"waits drained for the next{when}"
+    when = f" (next opening {nxt[0].isoformat()})" if nxt else ""
+    release = rollout.on_window_close == WindowClose.RELEASE.value
+    what = "released, back in service" if release else "waits cordoned for the next opening"
+    return WindowClosed(
+        release=release,
+        why=f"the maintenance window ({window.describe()}) closed before the reinstall: "
+        f"the node {what}{when}",
     )
 
 
@@ -489,6 +505,7 @@ async def rollout_view(
         max_unavailable=rollout.max_unavailable,
         failure_budget=rollout.failure_budget,
         failures=rollout.failures,
+        on_window_close=WindowClose(rollout.on_window_close),
         reservation=rollout.reservation,
         counts=dict(Counter(e.status for e in entries)),
         detail=rollout.detail,

@@ -334,7 +334,18 @@ def _follow(
             continue
         repair = repairs.get(entry.repair_id or "")
         done = _DONE[NS(entry.status)]
-        if repair is not None and RepairStatus(repair.status) is RepairStatus.SUCCEEDED:
+        if repair is not None and RepairStatus(repair.status) is RepairStatus.RELEASED:
+            # Let go at the window's close: in line again, on the stack it still runs.
+            back = NS(entry.status) is NS.ROLLING_BACK
+            if node is not None:
+                node.stack = rollout.to_stack if back else entry.from_stack
+            reason = f"released at the window's close (repair {repair.id}); in line again"
+            entry.repair_id = None
+            if back:
+                entry.detail, entry.updated_at, entry.started_at = reason, now, None
+            else:
+                to(NS.PENDING, reason)
+        elif repair is not None and RepairStatus(repair.status) is RepairStatus.SUCCEEDED:
             ended += 1
             to(done, f"on stack {node.stack if node else '?'}: repair {repair.id} succeeded")
         elif repair is None or repair.status not in {s.value for s in OPEN_STATUSES}:

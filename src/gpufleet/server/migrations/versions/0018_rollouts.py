@@ -31,6 +31,7 @@ def upgrade() -> None:
         sa.Column("max_unavailable", sa.String(8), nullable=False),
         sa.Column("failure_budget", sa.Integer(), nullable=False),
         sa.Column("failures", sa.Integer(), nullable=False),
+        sa.Column("on_window_close", sa.String(8), nullable=False),
         sa.Column("reservation", sa.String(64), nullable=False),
         sa.Column("reserved_for", sa.String(40), nullable=False),
         sa.Column("detail", sa.Text(), nullable=False),

@@ -27,7 +27,11 @@ from gpufleet.schedulers.base import (
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
-from gpufleet.server.services.node_holds import down_in_scheduler
+from gpufleet.server.services.node_holds import (
+    down_in_scheduler,
+    record_release,
+    release_in_scheduler,
+)
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.rollouts import window_closed
 from gpufleet.server.services.schedulers import scheduler_for
@@ -57,13 +61,17 @@ async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
         await ctx.note(loaded, f"evicted {', '.join(evicting.evicted)}")
     leaving = evicting.blocked + evicting.terminating
     rollout = loaded.progress.get("rollout_id")
-    if not jobs and not leaving and rollout:
-        # A rollout's node is reinstalled inside its window only: drained after the
-        # window closed, it waits drained for the next opening.
+    closed = None
+    if rollout:
+        # A rollout's node is reinstalled inside its window only: once the window closed
+        # it waits (drained, for the next opening) or is let go, as the rollout says.
         closed = await window_closed(ctx.db, rollout_id=str(rollout), now=ctx.clock.now())
-        if closed is not None:
-            await ctx.note(loaded, closed)
+        if closed is not None and closed.release:
+            await release_for_window(ctx, loaded, closed.why)
             return
+    if not jobs and not leaving and closed is not None:
+        await ctx.note(loaded, closed.why)
+        return
     if not jobs and not leaving:
         ctx.failpoints.hit("repair.draining.after_empty")
         await ctx.transition(
@@ -115,6 +123,27 @@ async def drain(ctx: RepairContext, loaded: LoadedRepair) -> None:
             f"drain timeout ({policy.drain_timeout_s:.0f} s) passed; still waiting for "
             f"{listing} (policy: wait; an admin may force)",
         )
+
+
+async def release_for_window(ctx: RepairContext, loaded: LoadedRepair, why: str) -> None:
+    """A rollout's repair let go at its window's close (policy release), before any
+    reinstall: the node's hold is undone and it is back in service; the rollout puts it
+    in line for the next opening."""
+    release = await release_in_scheduler(ctx.scheduler(loaded), loaded.scheduler_name)
+    if not release.settled:
+        await ctx.note(loaded, f"window closed; resume failed, retrying: {release.error}")
+        return
+    async with ctx.locked(loaded) as tx:
+        if tx is None:
+            return
+        tx.node.state_detail = ""
+        record_release(
+            tx.session, node=tx.node, project_id=tx.project_id, release=release,
+            actor=ACTOR, reason=why, now=tx.now,
+        )  # fmt: skip
+        tx.node_to(NodeState.IN_SERVICE, f"repair {tx.repair.id}: {why}")
+        tx.repair.detail = why
+        tx.repair_to(RepairStatus.RELEASED, why)
 
 
 def _listing(jobs: list[SchedJob]) -> str:
