@@ -292,3 +292,39 @@ async def test_a_drain_unfinished_at_the_windows_close_waits_or_is_released(
             status = fleet.world.node_status("train-000", cluster_id=cid)
             assert not status.drained, status  # the hold is undone in the scheduler
         assert by_name["train-001"]["status"] == "pending"  # nothing else started
+
+
+async def test_an_abort_mid_rollout_leaves_every_node_in_service(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with bringup(database_url, tmp_path, step_s=STEP_S) as fleet:
+        cid, nodes = await _cluster(fleet, 3)
+        now = fleet.clock.now()
+        made = await fleet.app.client.post(
+            f"/api/v1/clusters/{cid}/rollouts",
+            json={"to_stack": "gpu-2026.12", "window": _daily_at(now, minutes_from_now=-1),
+                  "tz": TZ, "max_unavailable": "1"},
+        )  # fmt: skip
+        assert made.status_code == 201, made.text
+        rid = made.json()["id"]
+
+        async def under_way() -> bool:
+            return bool((await fleet.node(nodes["train-000"]["id"]))["state"] != "in_service")
+
+        await fleet.until(under_way, ticks=20, what="train-000 out of service")
+        aborted = await fleet.app.client.post(f"/api/v1/rollouts/{rid}/abort", json={})
+        assert aborted.status_code == 200 and aborted.json()["status"] == "aborting"
+
+        async def over() -> dict[str, Any] | None:
+            body = await _rollout(fleet, rid)
+            return body if body["status"] == "aborted" else None
+
+        body = await fleet.until(over, ticks=200, what="rollout aborted")
+        # The node under way finished its migration; the others were never touched.
+        assert body["counts"] == {"done": 1, "pending": 2}, body
+        after = await fleet.nodes_of(cid)
+        assert {n["state"] for n in after.values()} == {"in_service"}, after
+        drivers = {n: (await fleet.node(v["id"]))["software"]["driver"] for n, v in after.items()}
+        assert drivers == {"train-000": NEW["driver"], "train-001": OLD["driver"],
+                           "train-002": OLD["driver"]}  # fmt: skip
+        assert (await fleet.get(f"/api/v1/clusters/{cid}"))["stack"] == "gpu-2026.09"
