@@ -328,3 +328,52 @@ async def test_an_abort_mid_rollout_leaves_every_node_in_service(
         assert drivers == {"train-000": NEW["driver"], "train-001": OLD["driver"],
                            "train-002": OLD["driver"]}  # fmt: skip
         assert (await fleet.get(f"/api/v1/clusters/{cid}"))["stack"] == "gpu-2026.09"
+
+
+async def test_a_node_rolled_back_while_paused_returns_to_its_old_stack(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with bringup(database_url, tmp_path, step_s=STEP_S) as fleet:
+        cid, nodes = await _cluster(fleet, 2)
+        made = await fleet.app.client.post(
+            f"/api/v1/clusters/{cid}/rollouts",
+            json={"to_stack": "gpu-2026.12",
+                  "window": _daily_at(fleet.clock.now(), minutes_from_now=-1), "tz": TZ},
+        )  # fmt: skip
+        assert made.status_code == 201, made.text
+        rid = made.json()["id"]
+        first = nodes["train-000"]["id"]
+
+        async def status_of(name: str, *wanted: str) -> dict[str, Any] | None:
+            body = await _rollout(fleet, rid)
+            node = next(n for n in body["nodes"] if n["node_name"] == name)
+            return body if node["status"] in wanted else None
+
+        await fleet.until(lambda: status_of("train-000", "done"), ticks=200, what="000 done")
+        paused = await fleet.app.client.post(f"/api/v1/rollouts/{rid}/pause", json={})
+        assert paused.status_code == 200, paused.text
+        back = await fleet.app.client.post(
+            f"/api/v1/rollouts/{rid}/nodes/{first}/rollback", json={"reason": "NCCL hangs"}
+        )
+        assert back.status_code == 200, back.text
+        body = await fleet.until(
+            lambda: status_of("train-000", "rolled_back"), ticks=200, what="000 rolled back"
+        )
+        shown = await fleet.node(first)
+        assert shown["state"] == "in_service" and shown["software"]["driver"] == OLD["driver"]
+        assert shown["stack_skew"] == []
+        # train-001 may have been under way at the pause (it then finished); else it waits.
+        if body["status"] == "paused":
+            resumed = await fleet.app.client.post(f"/api/v1/rollouts/{rid}/resume", json={})
+            assert resumed.status_code == 200, resumed.text
+
+        async def ended() -> dict[str, Any] | None:
+            body = await _rollout(fleet, rid)
+            return body if body["status"] == "succeeded" else None
+
+        body = await fleet.until(ended, ticks=200, what="rollout succeeded")
+        assert body["counts"] == {"rolled_back": 1, "done": 1}
+        assert (await fleet.get(f"/api/v1/clusters/{cid}"))["stack"] == "gpu-2026.12"
+        for node_id, driver in ((first, OLD["driver"]), (nodes["train-001"]["id"], NEW["driver"])):
+            shown = await fleet.node(node_id)
+            assert shown["software"]["driver"] == driver and shown["stack_skew"] == [], shown

@@ -156,7 +156,8 @@ W = RolloutStatus
 ROLLOUT_TRANSITIONS: Mapping[RolloutStatus, frozenset[RolloutStatus]] = {
     W.SCHEDULED: frozenset({W.RUNNING, W.PAUSED, W.ABORTING, W.ABORTED}),
     W.RUNNING: frozenset({W.SCHEDULED, W.PAUSED, W.ABORTING, W.SUCCEEDED}),
-    W.PAUSED: frozenset({W.SCHEDULED, W.RUNNING, W.ABORTING, W.ABORTED}),
+    # (a paused rollout whose last nodes under way, or rollbacks, finish has succeeded)
+    W.PAUSED: frozenset({W.SCHEDULED, W.RUNNING, W.ABORTING, W.ABORTED, W.SUCCEEDED}),
     W.ABORTING: frozenset({W.ABORTED}),
     W.SUCCEEDED: frozenset(),
     W.ABORTED: frozenset(),

@@ -65,6 +65,14 @@ def _under_way(entry: RolloutNodeRow) -> bool:
     return NS(entry.status) in _DONE and entry.repair_id is not None
 
 
+def _startable(entry: RolloutNodeRow) -> frozenset[str]:
+    """The node states a node may start its migration from: in service; or, for a retry
+    or a rollback of a failed migration, cordoned (where that failure left it)."""
+    if NS(entry.status) in (NS.FAILED, NS.ROLLING_BACK):
+        return frozenset({NodeState.IN_SERVICE.value, NodeState.CORDONED.value})
+    return frozenset({NodeState.IN_SERVICE.value})
+
+
 def _to_start(entry: RolloutNodeRow) -> bool:
     status = NS(entry.status)
     if status is NS.PENDING:
@@ -277,6 +285,13 @@ async def _advance(
                              f"stack is {rollout.to_stack}")  # fmt: skip
         return
     if status is RS.PAUSED:
+        # Paused: the rollout goes no further, but an admin's rollback still runs (in
+        # the window, within max unavailable).
+        window = Window.model_validate(rollout.window)
+        if window.open_at(now) is not None and cluster.repair_breaker_tripped_at is None:
+            seen.started = await _start(
+                session, rollout, cluster, entries, nodes, now=now, rollbacks_only=True
+            )
         return
     if rollout.failures >= rollout.failure_budget:
         change(RS.PAUSED, f"failure budget reached: {rollout.failures} node(s) failed of "
@@ -367,8 +382,11 @@ async def _start(
     nodes: dict[str, NodeRow],
     *,
     now: dt.datetime,
+    rollbacks_only: bool = False,
 ) -> int:
-    """Start what max unavailable allows now; returns how many started."""
+    """Start what max unavailable allows now; returns how many started. A node out of
+    service already (cordoned by its failed migration) takes no room when it starts
+    again (a retry, a rollback): it is counted as out either way."""
     total = await session.scalar(
         select(func.count()).where(NodeRow.cluster_id == cluster.id, NodeRow.state.not_in(_GONE))
     )
@@ -381,7 +399,11 @@ async def _start(
             NodeRow.id.not_in(under_way) if under_way else NodeRow.id.is_not(None),
         )
     )
-    waiting = [e for e in entries if _to_start(e)]
+    waiting = [
+        e
+        for e in entries
+        if _to_start(e) and (not rollbacks_only or NS(e.status) is NS.ROLLING_BACK)
+    ]
     busy = set(
         await session.scalars(
             select(RepairRow.node_id).where(
@@ -395,22 +417,23 @@ async def _start(
         for e in waiting
         if e.node_id not in busy
         and (n := nodes.get(e.node_id)) is not None
-        and n.state == NodeState.IN_SERVICE.value
+        and n.state in _startable(e)
     ]
+    in_service = [e.id for e in ready if nodes[e.node_id].state == NodeState.IN_SERVICE.value]
     chosen = set(
         next_batch(
-            [e.id for e in ready],
+            in_service,
             in_flight=len(under_way),
             unavailable_other=int(out_other or 0),
             limit=limit,
         )
-    )
+    ) | {e.id for e in ready if e.id not in in_service}
     started = 0
     for entry in ready:
         if entry.id not in chosen:
             continue
         node = await session.get(NodeRow, entry.node_id, with_for_update=True)
-        if node is None or node.state != NodeState.IN_SERVICE.value:
+        if node is None or node.state not in _startable(entry):
             continue
         start_migration(session, rollout=rollout, cluster=cluster, entry=entry, node=node, now=now)
         started += 1
