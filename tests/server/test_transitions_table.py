@@ -32,6 +32,9 @@ from gpufleet.server.db.tables import (
     HostRow,
     NodeRow,
     ProjectRow,
+    RolloutNodeRow,
+    RolloutRow,
+    StackRow,
 )
 from gpufleet.server.services.acceptance import create_acceptance_run
 from gpufleet.server.services.acceptance_status import (
@@ -46,6 +49,7 @@ from gpufleet.server.services.hosts import switch_host_state
 from gpufleet.server.services.node_commands import enqueue_command
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.repairs import create_repair, switch_repair_status
+from gpufleet.server.services.rollouts import switch_rollout_node_status, switch_rollout_status
 from gpufleet.server.services.startup_scripts import (
     StartupTrigger,
     start_startup,
@@ -137,6 +141,37 @@ async def _host(session: AsyncSession, world: World, now: dt.datetime) -> Any:
     return row
 
 
+async def _rollout(session: AsyncSession, world: World, now: dt.datetime) -> Any:
+    name = f"s-{new_id()}"
+    session.add(StackRow(name=name, driver="580.95.05", latest=False, notes="",
+                         created_by=ACTOR, created_at=now))  # fmt: skip
+    await session.flush()
+    row = RolloutRow(
+        id=new_id(), cluster_id=world.cluster.id, from_stack=None, to_stack=name,
+        status="scheduled", window={"at": "02:00", "tz": "UTC", "duration_s": 3600},
+        max_unavailable="1", failure_budget=1, failures=0, on_window_close="wait",
+        reservation="", reserved_for="", detail="", created_by=ACTOR, created_at=now,
+        updated_at=now,
+    )  # fmt: skip
+    session.add(row)
+    await session.flush()
+    return row
+
+
+_ROLLOUT_OF: dict[str, RolloutRow] = {}  # a rollout node's id → its rollout
+
+
+async def _rollout_node(session: AsyncSession, world: World, now: dt.datetime) -> Any:
+    rollout = await _rollout(session, world, now)
+    row = RolloutNodeRow(
+        id=new_id(), rollout_id=rollout.id, node_id=world.node.id, position=0,
+        status="pending", from_stack=None, attempts=0, detail="", updated_at=now,
+    )  # fmt: skip
+    session.add(row)
+    _ROLLOUT_OF[row.id] = rollout
+    return row
+
+
 def _p(world: World) -> str:
     return world.project.id
 
@@ -165,6 +200,11 @@ CASES: dict[str, tuple[Make, Switch]] = {
         s, host=row, target=t, actor=ACTOR, reason="test", now=now)),
     "autoscale_action": (_autoscale, lambda s, w, row, t, now: switch_autoscale_status(
         s, action=row, cluster=w.cluster, target=t, actor=ACTOR, reason="test", now=now)),
+    "rollout": (_rollout, lambda s, w, row, t, now: switch_rollout_status(
+        s, rollout=row, cluster=w.cluster, target=t, actor=ACTOR, reason="test", now=now)),
+    "rollout_node": (_rollout_node, lambda s, w, row, t, now: switch_rollout_node_status(
+        s, entry=row, rollout=_ROLLOUT_OF[row.id], cluster=w.cluster, node_name=w.node.name,
+        target=t, actor=ACTOR, reason="test", now=now)),
 }  # fmt: skip
 
 
