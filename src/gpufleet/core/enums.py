@@ -244,3 +244,4 @@ class EventKind(StrEnum):
     ROLLOUT_CREATED = "rollout.created"  # an admin scheduled a cluster's migration
     ROLLOUT_STATUS = "rollout.status"  # a rollout started, waited, paused, ended
     ROLLOUT_NODE = "rollout.node"  # a node of a rollout began migrating, ended, rolled back
+    ROLLOUT_STEP = "rollout.step"  # within one: its maintenance reservation booked or dropped

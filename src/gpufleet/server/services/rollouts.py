@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.enums import EventKind, RepairAction, RepairStatus
+from gpufleet.core.enums import ClusterStatus, EventKind, RepairAction, RepairStatus
 from gpufleet.core.enums import RolloutNodeStatus as NS
 from gpufleet.core.enums import RolloutStatus as RS
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
@@ -136,8 +136,10 @@ def switch_rollout_node_status(
     if changed:
         entry.detail = reason
         entry.updated_at = now
-        if target in (NS.MIGRATING, NS.ROLLING_BACK):
+        if target is NS.MIGRATING:
             entry.started_at, entry.finished_at = now, None
+        elif target is NS.ROLLING_BACK:  # begins when the reconciler starts it
+            entry.started_at, entry.finished_at = None, None
         elif target in (NS.DONE, NS.FAILED, NS.ROLLED_BACK):
             entry.finished_at = now
     return changed
@@ -160,7 +162,7 @@ async def create_rollout(
     cluster = await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster_id)
     require(caller, Permission.NODE_ACTION, cluster.project_id)
     await session.refresh(cluster, with_for_update=True)
-    if cluster.status in ("deleting", "deleted"):
+    if ClusterStatus(cluster.status) in (ClusterStatus.DELETING, ClusterStatus.DELETED):
         raise Conflict(f"cluster {cluster.name} is {cluster.status}; nothing to migrate")
     stack = await get_stack_row(session, request.to_stack)
     window = parse_window(request.window, tz=request.tz)
@@ -256,9 +258,10 @@ async def create_rollout(
     return await rollout_view(session, rollout, cluster, now=now)
 
 
-async def _for_admin(
+async def _visible(
     session: AsyncSession, *, caller: Caller, rollout_id: str
 ) -> tuple[RolloutRow, ClusterRow]:
+    """The rollout and its cluster, if the caller may see them (else NotFound)."""
     rollout = await session.get(RolloutRow, rollout_id) if is_id(rollout_id) else None
     cluster = None if rollout is None else await session.get(ClusterRow, rollout.cluster_id)
     if (
@@ -267,6 +270,14 @@ async def _for_admin(
         or not caller.can(Permission.CLUSTER_READ, cluster.project_id)
     ):
         raise NotFound(f"rollout {rollout_id!r} not found", field="rollout_id")
+    return rollout, cluster
+
+
+async def _for_admin(
+    session: AsyncSession, *, caller: Caller, rollout_id: str
+) -> tuple[RolloutRow, ClusterRow]:
+    """The rollout, locked, for an admin's change (Forbidden for a member)."""
+    rollout, cluster = await _visible(session, caller=caller, rollout_id=rollout_id)
     require(caller, Permission.NODE_ACTION, cluster.project_id)
     await session.refresh(rollout, with_for_update=True)
     return rollout, cluster
@@ -366,7 +377,6 @@ async def rollback_node(
         target=NS.ROLLING_BACK, actor=caller.actor, reason=reason, now=now,
         source_ip=caller.source_ip,
     )  # fmt: skip
-    entry.started_at = None  # not started yet: the reconciler starts it in the window
     return await rollout_view(session, rollout, cluster, now=now)
 
 
@@ -535,14 +545,7 @@ async def rollout_view(
 async def get_rollout(
     session: AsyncSession, *, caller: Caller, rollout_id: str, now: dt.datetime
 ) -> Rollout:
-    rollout = await session.get(RolloutRow, rollout_id) if is_id(rollout_id) else None
-    cluster = None if rollout is None else await session.get(ClusterRow, rollout.cluster_id)
-    if (
-        rollout is None
-        or cluster is None
-        or not caller.can(Permission.CLUSTER_READ, cluster.project_id)
-    ):
-        raise NotFound(f"rollout {rollout_id!r} not found", field="rollout_id")
+    rollout, cluster = await _visible(session, caller=caller, rollout_id=rollout_id)
     return await rollout_view(session, rollout, cluster, now=now)
 
 

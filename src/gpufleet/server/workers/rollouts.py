@@ -81,6 +81,18 @@ def _to_start(entry: RolloutNodeRow) -> bool:
     return status in (NS.FAILED, NS.ROLLING_BACK) and entry.repair_id is None
 
 
+@dataclass(frozen=True)
+class _Booking:
+    """What a pass read for the rollout's maintenance reservation, inside its transaction."""
+
+    scheduler: SupportsReservations
+    status: RS
+    reservation: str  # the one booked, "" for none
+    covered: str  # the opening it was booked for (UTC ISO start)
+    want: tuple[dt.datetime, dt.datetime] | None  # the opening to cover now
+    nodes: list[str]  # scheduler names of the nodes still to move
+
+
 @dataclass
 class _Pass:
     """What one pass over a rollout did (for the crash tests' failpoints)."""
@@ -121,6 +133,7 @@ class RolloutLoop(LoopService):
 
     async def step(self, rollout_id: str) -> None:
         now = self.clock.now()
+        booking: _Booking | None = None
         async with self.db.transaction() as session:
             rollout = await session.get(RolloutRow, rollout_id, with_for_update=True)
             if rollout is None or RS(rollout.status) not in ACTIVE:
@@ -130,48 +143,51 @@ class RolloutLoop(LoopService):
                 return
             seen = _Pass()
             await _advance(session, rollout, cluster, now=now, seen=seen)
-            status, reservation = RS(rollout.status), rollout.reservation
-            want = _wanted_opening(rollout, now)
+            scheduler = self._reserving(cluster)
+            if scheduler is not None:
+                booking = _Booking(
+                    scheduler=scheduler,
+                    status=RS(rollout.status),
+                    reservation=rollout.reservation,
+                    covered=rollout.reserved_for,
+                    want=_wanted_opening(rollout, now),
+                    nodes=await _scheduler_names(session, rollout_id),
+                )
         # Committed: a crash from here on must neither start a node again nor lose an end.
         if seen.started:
             self.failpoints.hit("rollout.after_start")
         if seen.ended:
             self.failpoints.hit("rollout.after_node_end")
-        await self._reserve(rollout_id, cluster, status, reservation, want, now=now)
+        if booking is not None:
+            await self._reserve(rollout_id, booking, now=now)
 
-    async def _reserve(
-        self,
-        rollout_id: str,
-        cluster: ClusterRow,
-        status: RS,
-        reservation: str,
-        want: tuple[dt.datetime, dt.datetime] | None,
-        *,
-        now: dt.datetime,
-    ) -> None:
-        """Keep the scheduler's MAINT reservation in step with the rollout (act: no
-        transaction open), then record it."""
+    def _reserving(self, cluster: ClusterRow) -> SupportsReservations | None:
+        """The cluster's scheduler, where it takes maintenance reservations (Slurm)."""
         try:
             scheduler = scheduler_for(self.drivers, cluster)
         except DriverError:
-            return
-        if not isinstance(scheduler, SupportsReservations):
-            return
+            return None
+        return scheduler if isinstance(scheduler, SupportsReservations) else None
+
+    async def _reserve(self, rollout_id: str, booking: _Booking, *, now: dt.datetime) -> None:
+        """Keep the scheduler's MAINT reservation in step with the rollout (act: no
+        transaction open), then record it."""
+        scheduler, want, reservation = booking.scheduler, booking.want, booking.reservation
         name = f"gpufleet-maint-{rollout_id[:8]}"
-        async with self.db.session() as session:
-            rollout = await session.get(RolloutRow, rollout_id)
-            if rollout is None:
-                return
-            covered = rollout.reserved_for
-            nodes = await _scheduler_names(session, rollout_id)
-        if status in FINAL or status is RS.PAUSED or want is None or not nodes:
+        if (
+            booking.status in FINAL
+            or booking.status is RS.PAUSED
+            or want is None
+            or not (booking.nodes)
+        ):
             if reservation:
                 await scheduler.delete_reservation(reservation)
                 await self._record(rollout_id, reservation="", reserved_for="", now=now)
             return
         start, end = want
-        if covered == start.isoformat() or start - now > RESERVE_AHEAD:
+        if booking.covered == start.isoformat() or start - now > RESERVE_AHEAD:
             return
+        nodes = booking.nodes
         begin = max(start, now)
         await scheduler.delete_reservation(name)  # an earlier opening's, if any
         await scheduler.create_reservation(
@@ -202,7 +218,7 @@ class RolloutLoop(LoopService):
                     else f"cluster {cluster.name}: maintenance reservation dropped"
                 )
                 record_event(
-                    session, kind=EventKind.ROLLOUT_STATUS, message=message,
+                    session, kind=EventKind.ROLLOUT_STEP, message=message,
                     project_id=cluster.project_id, cluster_id=cluster.id, actor=ACTOR, ts=now,
                     data={"rollout_id": rollout_id, "reservation": reservation,
                           "reserved_for": reserved_for},
