@@ -66,3 +66,40 @@ def test_a_command_loads_when_it_runs_and_unknown_ones_are_refused() -> None:
 def test_typer_builds_the_root_group_with_the_lazy_commands() -> None:
     group = typer.main.get_command(app)
     assert list(COMMANDS) == [n for n in group.list_commands(None) if n in COMMANDS]  # type: ignore[attr-defined,arg-type]
+
+
+# What ``gpufleet nodes list`` has no use for: the domain models of other calls load
+# inside the client calls that return them (issue 19: ``nodes list`` in ≤ 400 ms).
+UNUSED_BY_NODES_LIST = (
+    "gpufleet.core.access",
+    "gpufleet.core.autoscaling",
+    "gpufleet.core.check_runs",
+    "gpufleet.core.faults",
+    "gpufleet.core.inventory",
+    "gpufleet.core.providers",
+    "gpufleet.core.reliability",
+    "gpufleet.core.repair.models",
+    "gpufleet.core.rollouts",
+    "gpufleet.core.windows",
+)
+
+
+def test_nodes_list_loads_only_the_models_it_shows() -> None:
+    probe = (
+        "import sys\n"
+        "sys.argv = ['gpufleet', 'nodes', 'list']\n"
+        "from gpufleet.cli.main import run\n"
+        "try:\n"
+        "    run()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"print('LOADED', [m for m in {UNUSED_BY_NODES_LIST!r} if m in sys.modules])\n"
+        "print('CLIENT', 'gpufleet.client.api' in sys.modules)\n"
+    )
+    # Port 9 (discard) on loopback: nothing listens, the command fails after loading.
+    env = {"PATH": "/usr/bin:/bin", "GPUFLEET_URL": "http://127.0.0.1:9", "GPUFLEET_TOKEN": "x"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert "CLIENT True" in done.stdout, done.stdout[-500:] + done.stderr[-2000:]
+    assert "LOADED []" in done.stdout, done.stdout[-500:]

@@ -32,7 +32,7 @@ from gpufleet.cli.output import (
     table,
 )
 from gpufleet.cli.paging import collect
-from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind
+from gpufleet.core.enums import ClusterStatus, ProviderKind, SchedulerKind, WindowClose
 from gpufleet.core.errors import InvalidInput
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.models import (
@@ -43,7 +43,6 @@ from gpufleet.core.models import (
     Page,
     SchedulerConfig,
 )
-from gpufleet.core.rollouts import WindowClose
 from gpufleet.core.windows import parse_max_unavailable, parse_window
 
 app = typer.Typer(help="GPU clusters.", no_args_is_help=True)

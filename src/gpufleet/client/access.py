@@ -4,12 +4,17 @@ log and a cluster's sudo/Slurm-admin rendering. Mixed into ``ApiClient``."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import TYPE_CHECKING
 
 from gpufleet.client.calls import API, Calls, segment
-from gpufleet.core.access import AuditEntry, Member, Volume
 from gpufleet.core.enums import Role
 from gpufleet.core.models import ApiToken, Page, User
-from gpufleet.core.slurm_admins import AccessConfig
+
+# These models load on first use, inside the calls that return them: importing them
+# with the client was a good part of every command's start (issue 19).
+if TYPE_CHECKING:
+    from gpufleet.core.access import AuditEntry, Member, Volume
+    from gpufleet.core.slurm_admins import AccessConfig
 
 
 class AccessCalls(Calls):
@@ -17,21 +22,29 @@ class AccessCalls(Calls):
 
     # -- members ------------------------------------------------------------------------
     def list_members(self, project: str) -> list[Member]:
+        from gpufleet.core.access import Member
+
         data = self._call("GET", f"{API}/projects/{segment(project)}/members")
         return [Member.model_validate(m) for m in data]
 
     def add_member(self, project: str, *, user: str, role: Role = Role.MEMBER) -> Member:
         """Add an existing user (id or name); ``ApiError`` 409 if already a member."""
+        from gpufleet.core.access import Member
+
         body = {"user": user, "role": role.value}
         path = f"{API}/projects/{segment(project)}/members"
         return Member.model_validate(self._call("POST", path, body=body))
 
     def set_member_role(self, project: str, user: str, *, role: Role) -> Member:
         """409 for the project's last admin and for roles an IdP group grants."""
+        from gpufleet.core.access import Member
+
         path = f"{API}/projects/{segment(project)}/members/{segment(user)}"
         return Member.model_validate(self._call("PATCH", path, body={"role": role.value}))
 
     def remove_member(self, project: str, user: str) -> Member:
+        from gpufleet.core.access import Member
+
         path = f"{API}/projects/{segment(project)}/members/{segment(user)}"
         return Member.model_validate(self._call("DELETE", path))
 
@@ -63,10 +76,14 @@ class AccessCalls(Calls):
 
     # -- storage volumes ----------------------------------------------------------------
     def list_volumes(self, project: str) -> list[Volume]:
+        from gpufleet.core.access import Volume
+
         data = self._call("GET", f"{API}/projects/{segment(project)}/volumes")
         return [Volume.model_validate(v) for v in data]
 
     def create_volume(self, project: str, *, name: str, size_gb: int, mount_path: str) -> Volume:
+        from gpufleet.core.access import Volume
+
         body = {"name": name, "size_gb": size_gb, "mount_path": mount_path}
         path = f"{API}/projects/{segment(project)}/volumes"
         return Volume.model_validate(self._call("POST", path, body=body))
@@ -79,19 +96,27 @@ class AccessCalls(Calls):
         size_gb: int | None = None,
         mount_path: str | None = None,
     ) -> Volume:
+        from gpufleet.core.access import Volume
+
         body = {k: v for k, v in (("size_gb", size_gb), ("mount_path", mount_path)) if v}
         path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}"
         return Volume.model_validate(self._call("PATCH", path, body=body))
 
     def delete_volume(self, project: str, volume: str) -> Volume:
+        from gpufleet.core.access import Volume
+
         path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}"
         return Volume.model_validate(self._call("DELETE", path))
 
     def attach_volume(self, project: str, volume: str, *, cluster_id: str) -> Volume:
+        from gpufleet.core.access import Volume
+
         path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}/attachments"
         return Volume.model_validate(self._call("POST", path, body={"cluster": cluster_id}))
 
     def detach_volume(self, project: str, volume: str, *, cluster_id: str) -> Volume:
+        from gpufleet.core.access import Volume
+
         volume_path = f"{API}/projects/{segment(project)}/volumes/{segment(volume)}"
         path = f"{volume_path}/attachments/{segment(cluster_id)}"
         return Volume.model_validate(self._call("DELETE", path))
@@ -109,6 +134,8 @@ class AccessCalls(Calls):
         limit: int | None = None,
     ) -> Page[AuditEntry]:
         """Newest first; ``action`` ending in ``.`` or ``*`` matches a prefix."""
+        from gpufleet.core.access import AuditEntry
+
         params = {
             "project": project,
             "actor": actor,
@@ -122,5 +149,7 @@ class AccessCalls(Calls):
 
     def cluster_access(self, cluster_id: str) -> AccessConfig:
         """Who a cluster's nodes give sudo and Slurm admin to."""
+        from gpufleet.core.slurm_admins import AccessConfig
+
         path = f"{API}/clusters/{segment(cluster_id)}/access"
         return AccessConfig.model_validate(self._call("GET", path))

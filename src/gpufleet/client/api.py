@@ -26,8 +26,6 @@ from gpufleet.client.http import ServerUrls, is_idempotent, raise_for_error, sen
 from gpufleet.client.inventory import InventoryCalls
 from gpufleet.client.providers import ProviderCalls
 from gpufleet.client.rollouts import RolloutCalls
-from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
-from gpufleet.core.check_runs import CheckRun
 from gpufleet.core.enums import (
     CheckStatus,
     ClusterStatus,
@@ -38,7 +36,6 @@ from gpufleet.core.enums import (
     Role,
     SchedulerKind,
 )
-from gpufleet.core.faults import Fault
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
 from gpufleet.core.ids import is_id
 from gpufleet.core.models import (
@@ -62,8 +59,16 @@ from gpufleet.core.models import (
     Repair,
     UsageGroup,
 )
-from gpufleet.core.reliability import ReliabilityReport
 from gpufleet.core.stacks import Stack
+
+# These models load on first use, inside the calls that return them: importing them
+# with the client was a good part of every command's start (issue 19).
+if TYPE_CHECKING:
+    from gpufleet.core.acceptance import AcceptanceRun, AcceptanceSuite, AcceptanceTrigger
+    from gpufleet.core.check_runs import CheckRun
+    from gpufleet.core.faults import Fault
+    from gpufleet.core.reliability import ReliabilityReport
+
 
 # The server caps a page at 1000 items; iterators ask for full pages to save round trips.
 MAX_PAGE_SIZE = 1000
@@ -388,6 +393,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         """Change a cluster's ``acceptance_tests``, ``acceptance_suite`` (an
         ``AcceptanceSuite``, or None for the default), ``startup_scripts``,
         ``autoscale_min`` / ``autoscale_max`` (admins). Only the fields given change."""
+        from gpufleet.core.acceptance import AcceptanceSuite
+
         allowed = {
             "acceptance_tests",
             "acceptance_suite",
@@ -478,6 +485,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
     ) -> Fault:
         """Make a sim node fail with a catalog signature; its agent reports it at once.
         ``sticky``: broken hardware that comes back after every reboot and reinstall."""
+        from gpufleet.core.faults import Fault
+
         body: dict[str, object] = {"signature": signature, "gpu_index": gpu_index}
         if sticky:
             body["sticky"] = True
@@ -487,6 +496,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         self, node_id: str, signature: str, *, gpu_index: int | None = None
     ) -> list[Fault]:
         """Clear a sim node's open faults of ``signature``; returns those cleared."""
+        from gpufleet.core.faults import Fault
+
         data = self._call(
             "DELETE",
             f"{API}/nodes/{node_id}/faults/{quote(signature, safe='')}",
@@ -495,6 +506,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         return [Fault.model_validate(item) for item in data]
 
     def list_faults(self, node_id: str) -> list[Fault]:
+        from gpufleet.core.faults import Fault
+
         data = self._call("GET", f"{API}/nodes/{node_id}/faults")
         return [Fault.model_validate(item) for item in data]
 
@@ -661,6 +674,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         cluster: str | None = None,
     ) -> ReliabilityReport:
         """GPU-hours lost by signature, GPU model, day, cluster and host; MTTR, MTBF."""
+        from gpufleet.core.reliability import ReliabilityReport
+
         params: dict[str, object] = {
             "since": since,
             "until": until,
@@ -727,6 +742,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         limit: int | None = None,
     ) -> Page[AcceptanceRun]:
         """A cluster's acceptance runs, newest first."""
+        from gpufleet.core.acceptance import AcceptanceRun
+
         path = f"{API}/clusters/{segment(cluster_id)}/acceptance"
         params = {"trigger": trigger, "cursor": cursor, "limit": limit}
         return self._get(Page[AcceptanceRun], path, params)
@@ -741,11 +758,15 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
     ) -> AcceptanceRun:
         """Run the cluster's acceptance suite now (admins); ``nodes`` (names or ids)
         limits it to those nodes and to the node-level checks."""
+        from gpufleet.core.acceptance import AcceptanceRun
+
         body = {"nodes": None if nodes is None else list(nodes), "reason": reason, "force": force}
         path = f"{API}/clusters/{segment(cluster_id)}/acceptance"
         return AcceptanceRun.model_validate(self._call("POST", path, body=body))
 
     def get_acceptance_run(self, run_id: str) -> AcceptanceRun:
+        from gpufleet.core.acceptance import AcceptanceRun
+
         return AcceptanceRun.model_validate(
             self._call("GET", f"{API}/acceptance/{segment(run_id)}")
         )
@@ -773,6 +794,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         """Run ``check`` (dcgm-diag, nccl, ib-write-bw, gpu-burn) on a cluster's nodes
         (names or ids; None: every node in service). Returns the run, ``pending``.
         ``force`` (admins) runs it on nodes that run jobs too; 403 for a member."""
+        from gpufleet.core.check_runs import CheckRun
+
         body: dict[str, Any] = {"cluster": cluster, "check": check, "force": force}
         if nodes is not None:
             body["nodes"] = list(nodes)
@@ -793,6 +816,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         limit: int | None = None,
     ) -> Page[CheckRun]:
         """Check runs, newest first, without their ``result`` (``get_check`` has it)."""
+        from gpufleet.core.check_runs import CheckRun
+
         params = {
             "cluster": cluster,
             "status": [s.value for s in status or ()],
@@ -804,6 +829,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         return self._get(Page[CheckRun], f"{API}/checks", params)
 
     def get_check(self, run_id: str) -> CheckRun:
+        from gpufleet.core.check_runs import CheckRun
+
         return CheckRun.model_validate(self._call("GET", f"{API}/checks/{segment(run_id)}"))
 
     def check_output(self, run_id: str) -> str:
@@ -813,6 +840,8 @@ class ApiClient(AccessCalls, AutoscaleCalls, InventoryCalls, ProviderCalls, Roll
         return response.text
 
     def cancel_check(self, run_id: str) -> CheckRun:
+        from gpufleet.core.check_runs import CheckRun
+
         path = f"{API}/checks/{segment(run_id)}/cancel"
         return CheckRun.model_validate(self._call("POST", path))
 

@@ -4,11 +4,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.client.calls import API, Calls, segment
-from gpufleet.core.autoscaling import AutoscaleAction, AutoscaleSettings, PowerAction, PowerResult
 from gpufleet.core.models import Page
+
+# These models load on first use, inside the calls that return them: importing them
+# with the client was a good part of every command's start (issue 19).
+if TYPE_CHECKING:
+    from gpufleet.core.autoscaling import (
+        AutoscaleAction,
+        AutoscaleSettings,
+        PowerAction,
+        PowerResult,
+    )
+
 
 # What ``set_autoscale`` may change (``PUT .../autoscale``).
 AUTOSCALE_FIELDS = frozenset(
@@ -33,6 +43,8 @@ class AutoscaleCalls(Calls):
     def get_autoscale(self, cluster_id: str) -> AutoscaleSettings:
         """The cluster's autoscaling: who decides its size, its bounds and thresholds,
         and when it last stepped."""
+        from gpufleet.core.autoscaling import AutoscaleSettings
+
         path = f"{API}/clusters/{segment(cluster_id)}/autoscale"
         return AutoscaleSettings.model_validate(self._call("GET", path))
 
@@ -42,6 +54,8 @@ class AutoscaleCalls(Calls):
         """Change the fields given (project admins): ``mode`` (an ``AutoscaleMode`` or
         its value), ``min_nodes`` / ``max_nodes`` (None removes the bound), the
         ``*_s`` thresholds and cooldowns in seconds, ``max_step``. Only those change."""
+        from gpufleet.core.autoscaling import AutoscaleSettings
+
         unknown = sorted(set(fields) - AUTOSCALE_FIELDS)
         if unknown:
             raise TypeError(
@@ -59,6 +73,8 @@ class AutoscaleCalls(Calls):
     ) -> Page[AutoscaleAction]:
         """The cluster's changes of size (steps up and down, Slurm's resumes and
         suspends), newest first."""
+        from gpufleet.core.autoscaling import AutoscaleAction
+
         path = f"{API}/clusters/{segment(cluster_id)}/autoscale/actions"
         data = self._call("GET", path, params={"limit": limit, "cursor": cursor})
         return Page[AutoscaleAction].model_validate(data)
@@ -79,6 +95,8 @@ class AutoscaleCalls(Calls):
         ``features`` and ``partition``. Returns the action started (``action`` None when
         there was nothing to do: every node already up or on its way, or already gone)
         and why (``detail``)."""
+        from gpufleet.core.autoscaling import PowerAction, PowerResult
+
         items: list[dict[str, object]] = []
         for job in jobs or ():
             unknown = sorted(set(job) - POWER_JOB_FIELDS)

@@ -4,8 +4,15 @@ maintenance windows, node by node (the answers: ``gpufleet.core.rollouts``). Mix
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gpufleet.client.calls import API, Calls, segment
-from gpufleet.core.rollouts import Rollout, WindowClose
+from gpufleet.core.enums import WindowClose
+
+# These models load on first use, inside the calls that return them: importing them
+# with the client was a good part of every command's start (issue 19).
+if TYPE_CHECKING:
+    from gpufleet.core.rollouts import Rollout
 
 
 class RolloutCalls(Calls):
@@ -13,6 +20,8 @@ class RolloutCalls(Calls):
 
     def list_rollouts(self, cluster_id: str) -> list[Rollout]:
         """The cluster's rollouts, newest first, each with its nodes' progress."""
+        from gpufleet.core.rollouts import Rollout
+
         data = self._call("GET", f"{API}/clusters/{segment(cluster_id)}/rollouts")
         return [Rollout.model_validate(r) for r in data]
 
@@ -35,6 +44,8 @@ class RolloutCalls(Calls):
         node not reinstalled when the window closes waits or is released
         (``on_window_close``).
         ``ApiError`` 422 for a bad window or spec, 409 when one is already under way."""
+        from gpufleet.core.rollouts import Rollout
+
         body = {
             "to_stack": to_stack,
             "window": window,
@@ -48,6 +59,8 @@ class RolloutCalls(Calls):
         return Rollout.model_validate(self._call("POST", path, body=body))
 
     def get_rollout(self, rollout_id: str) -> Rollout:
+        from gpufleet.core.rollouts import Rollout
+
         return Rollout.model_validate(self._call("GET", f"{API}/rollouts/{segment(rollout_id)}"))
 
     def pause_rollout(self, rollout_id: str, *, reason: str = "") -> Rollout:
@@ -68,9 +81,13 @@ class RolloutCalls(Calls):
     def rollback_rollout_node(self, rollout_id: str, node_id: str, *, reason: str = "") -> Rollout:
         """Put one node (by id) back on the stack it came from, in the window like the
         others; only a node done or failed, of a rollout not yet finished."""
+        from gpufleet.core.rollouts import Rollout
+
         path = f"{API}/rollouts/{segment(rollout_id)}/nodes/{segment(node_id)}/rollback"
         return Rollout.model_validate(self._call("POST", path, body={"reason": reason}))
 
     def _act(self, rollout_id: str, verb: str, body: dict[str, object]) -> Rollout:
+        from gpufleet.core.rollouts import Rollout
+
         path = f"{API}/rollouts/{segment(rollout_id)}/{verb}"
         return Rollout.model_validate(self._call("POST", path, body=body))

@@ -50,7 +50,7 @@ OPEN_STATUSES = frozenset({AcceptanceStatus.PENDING, AcceptanceStatus.RUNNING})
 class SuiteCheck(BaseModel):
     """One check of the suite. ``params`` go to the check run as given (e.g. ``level``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: CheckName
     scope: AcceptanceScope = AcceptanceScope.NODE
@@ -88,7 +88,7 @@ class SuiteCheck(BaseModel):
 class AcceptanceSuite(BaseModel):
     """What a cluster must pass before it is ready and a node before it takes work."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     checks: Annotated[list[SuiteCheck], Field(min_length=1, max_length=MAX_SUITE_CHECKS)]
     # A run not finished within this is an error (a hung check never passes).
@@ -130,7 +130,7 @@ def suite_or_default(value: dict[str, Any] | None) -> AcceptanceSuite:
 class AcceptanceNode(BaseModel):
     """One node's result in a run, as the run list shows it (the report has the figures)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     node_id: str
     name: str
@@ -139,7 +139,7 @@ class AcceptanceNode(BaseModel):
 
 
 class AcceptanceRun(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     id: str
     cluster_id: str

@@ -15,7 +15,7 @@ GROUP_SOURCE = "oidc-group"
 
 
 class _Domain(BaseModel):
-    model_config = ConfigDict(frozen=True, from_attributes=True)
+    model_config = ConfigDict(frozen=True, from_attributes=True, defer_build=True)
 
 
 class Member(_Domain):

@@ -61,7 +61,7 @@ class PowerAction(StrEnum):
 
 
 class _Domain(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 Seconds = Annotated[float, Field(ge=0, le=7 * 86400)]

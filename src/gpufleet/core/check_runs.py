@@ -16,7 +16,7 @@ from gpufleet.core.enums import CheckStatus
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 class CheckRunNode(_Frozen):

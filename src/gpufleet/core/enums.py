@@ -192,6 +192,13 @@ class RolloutNodeStatus(StrEnum):
     SKIPPED = "skipped"
 
 
+class WindowClose(StrEnum):
+    """What happens to a node not yet reinstalled when its window closes."""
+
+    WAIT = "wait"  # it stays cordoned (drained once its jobs end) for the next opening
+    RELEASE = "release"  # back in service on its old stack, in line for the next opening
+
+
 class EventKind(StrEnum):
     CLUSTER_CREATED = "cluster.created"
     CLUSTER_STATUS = "cluster.status"

@@ -12,7 +12,7 @@ from gpufleet.core.enums import Severity
 class Fault(BaseModel):
     """One fault in a simulated machine; the node's agent reports it as a finding."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     id: str
     node_id: str

@@ -42,7 +42,7 @@ class HostState(StrEnum):
 
 
 class _Domain(BaseModel):
-    model_config = ConfigDict(frozen=True, from_attributes=True)
+    model_config = ConfigDict(frozen=True, from_attributes=True, defer_build=True)
 
 
 # Credential names: like other names, DNS-label-ish, so they read well in files and URLs.
@@ -78,7 +78,7 @@ class HostSpec(BaseModel):
     """One row of an inventory file (YAML list or CSV). ``cluster`` and ``credential`` are
     names (or ids) in the importing project. Re-importing a hostname updates its row."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, defer_build=True)
 
     hostname: Hostname
     bmc_type: BmcType

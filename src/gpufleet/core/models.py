@@ -26,7 +26,7 @@ from gpufleet.core.stacks import NodeSoftware, Skew
 
 
 class _Domain(BaseModel):
-    model_config = ConfigDict(frozen=True, from_attributes=True)
+    model_config = ConfigDict(frozen=True, from_attributes=True, defer_build=True)
 
 
 class Project(_Domain):
@@ -303,7 +303,7 @@ class IssuedNodeToken(_Domain):
 class EnrollTokenRequest(BaseModel):
     """``POST /api/v1/clusters/{id}/enroll-token``: how long the new token works."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     # An install round of a rack takes hours, not weeks: 24 h by default, 30 days at most.
     ttl_s: Annotated[int, Field(ge=60, le=30 * 86400)] = 86400

@@ -27,7 +27,7 @@ Power = Literal["on", "off", "unknown"]
 
 
 class _Domain(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 class HostReach(_Domain):
@@ -66,7 +66,7 @@ _RESERVED_TAG_PREFIXES = (f"{_TAG_NAMESPACE}:", "aws:")
 class _Config(BaseModel):
     # Unknown fields are an error, never silently dropped: a misspelt subnet_id would
     # otherwise launch into the template's network.
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class NoProviderConfig(_Config):

@@ -109,7 +109,7 @@ class JobSpan:
 
 
 class _Out(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 class Outage(_Out):

@@ -9,23 +9,15 @@ The server answers with these and the client and the CLI read them
 from __future__ import annotations
 
 import datetime as dt
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from gpufleet.core.enums import RolloutNodeStatus, RolloutStatus
+from gpufleet.core.enums import RolloutNodeStatus, RolloutStatus, WindowClose
 from gpufleet.core.windows import Window
 
 
-class WindowClose(StrEnum):
-    """What happens to a node not yet reinstalled when its window closes."""
-
-    WAIT = "wait"  # it stays cordoned (drained once its jobs end) for the next opening
-    RELEASE = "release"  # back in service on its old stack, in line for the next opening
-
-
 class _Answer(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 class Opening(_Answer):

@@ -50,7 +50,7 @@ def unix_name_from(preferred_username: str | None, email: str | None = None) -> 
 class AccessConfig(BaseModel):
     """``GET /api/v1/agent/access``: what a node applies for its cluster's project."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     cluster_id: str
     cluster_name: str

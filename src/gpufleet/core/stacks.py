@@ -29,7 +29,7 @@ FINDING_COMPONENTS = frozenset({"driver"})
 
 
 class _Domain(BaseModel):
-    model_config = ConfigDict(frozen=True, from_attributes=True)
+    model_config = ConfigDict(frozen=True, from_attributes=True, defer_build=True)
 
 
 class StackSpec(_Domain):

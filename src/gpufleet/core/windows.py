@@ -122,7 +122,7 @@ class Window(BaseModel):
     """When a migration may take nodes out of service. Exactly one of ``start``
     (one-off) and ``at`` (recurring) is set. Stored as JSON and returned by the API."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     start: dt.datetime | None = None  # one-off: its start, stored in UTC
     days: list[str] = []  # recurring: weekdays mon..sun in week order; empty: every day

@@ -8,7 +8,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from gpufleet.core.rollouts import Opening, Rollout, RolloutNode, WindowClose
+from gpufleet.core.enums import WindowClose
+from gpufleet.core.rollouts import Opening, Rollout, RolloutNode
 from gpufleet.core.stacks import STACK_NAME
 from gpufleet.server.schemas.common import Request
 

@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gpufleet.core.enums import ClusterStatus, EventKind, RepairAction, RepairStatus
+from gpufleet.core.enums import ClusterStatus, EventKind, RepairAction, RepairStatus, WindowClose
 from gpufleet.core.enums import RolloutNodeStatus as NS
 from gpufleet.core.enums import RolloutStatus as RS
 from gpufleet.core.errors import Conflict, InvalidInput, NotFound
 from gpufleet.core.ids import is_id, new_id
 from gpufleet.core.rbac import Permission
 from gpufleet.core.repair.models import RepairKind, RepairSource
-from gpufleet.core.rollouts import WindowClose
 from gpufleet.core.transitions import ROLLOUT, ROLLOUT_NODE
 from gpufleet.core.windows import Window, parse_max_unavailable, parse_window
 from gpufleet.server.db.engine import Database
