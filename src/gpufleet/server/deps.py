@@ -99,8 +99,10 @@ async def get_caller(request: Request, ctx: CtxDep) -> Caller:
     """
     if "authorization" in request.headers or not request.cookies.get(SESSION_COOKIE):
         bearer_token(request)  # 401 before the store is touched
-    async with ctx.db.transaction() as session:
-        return await _resolve_caller(request, ctx, session)
+    async with ctx.db.reader() as session:
+        caller = await _resolve_caller(request, ctx, session)
+        await session.commit()  # a token's last use, a console session's renewal
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
@@ -356,11 +358,13 @@ class Guard:
             bearer_token(request)  # 401 before the store is touched
         refs = await _refs(request)
         scopes: list[tuple[_Ref, Scope | None]] = []
-        # One transaction for the caller and the objects: a store round trip less.
-        async with ctx.db.transaction() as session:
+        # One session for the caller and the objects, with no transaction around these
+        # reads on PostgreSQL (``Database.reader``): no BEGIN and COMMIT round trips.
+        async with ctx.db.reader() as session:
             caller = await _resolve_caller(request, ctx, session)
             for ref in refs:
                 scopes.append((ref, await RESOLVERS[ref.kind](session, ref.value)))
+            await session.commit()  # a token's last use, a console session's renewal
         self._note_target(caller, scopes)
         permission = self.permission
         if permission is None:

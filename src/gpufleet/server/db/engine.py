@@ -56,6 +56,24 @@ class Database:
         async with self._sessions() as session, session.begin():
             yield session
 
+    @asynccontextmanager
+    async def reader(self) -> AsyncIterator[AsyncSession]:
+        """A session for reads, with no transaction around them.
+
+        PostgreSQL: the connection is in autocommit, so there is no BEGIN before the first
+        statement and no ROLLBACK after the last (two of a list request's round trips); each
+        statement sees what was committed when it ran. A write in it commits at once, alone:
+        writes that belong together use ``transaction()``. SQLite: a plain session (a
+        statement there is a call into the same process, not a round trip)."""
+        if self.is_sqlite:
+            async with self._sessions() as session:
+                yield session
+            return
+        async with self.engine.connect() as conn:
+            await conn.execution_options(isolation_level="AUTOCOMMIT")
+            async with AsyncSession(bind=conn, expire_on_commit=False) as session:
+                yield session
+
     async def migrate(self) -> None:
         """Bring the schema to head. Safe when several replicas start at once."""
         if self.is_sqlite:

@@ -29,7 +29,7 @@ async def list_clusters(
     name: str | None = Query(default=None, max_length=63),
     status: ClusterStatus | None = None,
 ) -> Page[Cluster]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await clusters_services.list_clusters(
             session,
             caller=caller,
@@ -64,7 +64,7 @@ async def create_cluster(
 async def get_cluster(
     cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
 ) -> Cluster:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await clusters_services.get_cluster(
             session,
             caller=caller,
@@ -78,7 +78,7 @@ async def get_cluster(
 async def get_cluster_status(
     cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
 ) -> ClusterStatusReport:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         cluster = await clusters_services.get_cluster(
             session,
             caller=caller,
@@ -122,7 +122,7 @@ async def get_provider_config(
     cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
 ) -> ClusterProviderConfig:
     """The cluster's provider and its configuration (a credential by name only)."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await provider_config_services.get_provider_config(
             session, caller=caller, cluster_id=cluster_id
         )

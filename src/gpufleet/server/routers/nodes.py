@@ -30,10 +30,8 @@ async def list_nodes(
     ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[Node]:
-    async with ctx.db.session() as session:
-        if cluster is not None:
-            await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster)
-        return await nodes_services.list_nodes(
+    async with ctx.db.reader() as session:
+        page = await nodes_services.list_nodes(
             session,
             caller=caller,
             staleness_s=ctx.settings.staleness_s,
@@ -45,13 +43,18 @@ async def list_nodes(
             limit=limit,
             with_gpus=gpus,
         )
+        # A page with nodes shows the cluster is there and visible (the list is limited to
+        # the caller's projects); an empty one may be an unknown cluster: 404 then.
+        if cluster is not None and not page.items:
+            await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster)
+        return page
 
 
 @router.get("/{node_id}")
 async def get_node(
     node_id: str, caller: Annotated[Caller, Allow(Permission.NODE_READ)], ctx: CtxDep
 ) -> Node:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await nodes_services.get_node(
             session,
             caller=caller,

@@ -139,33 +139,53 @@ async def resolve_caller(
     """The caller behind a bearer token, or ``Unauthorized``."""
     if not token.startswith(API_TOKEN_PREFIX):
         raise Unauthorized("not an API token (node tokens only work on agent endpoints)")
-    row = await session.scalar(
-        select(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(token))
-    )
+    # The token, its user and the user's memberships in one statement of plain columns
+    # (no ORM objects to build): every API request starts here, and on PostgreSQL each
+    # statement is a round trip.
+    t, u, m = ApiTokenRow, UserRow, MembershipRow
+    found = (
+        await session.execute(
+            select(
+                t.id,
+                t.revoked_at,
+                t.expires_at,
+                t.last_used_at,
+                t.project_id,
+                t.role,
+                u.id.label("user_id"),
+                u.name.label("user_name"),
+                u.is_owner,
+                m.project_id.label("member_of"),
+                m.role.label("member_role"),
+            )
+            .outerjoin(u, u.id == t.user_id)
+            .outerjoin(m, m.user_id == t.user_id)
+            .where(t.token_hash == hash_token(token))
+        )
+    ).all()
     now = utcnow()
+    row = found[0] if found else None
     if row is None or row.revoked_at is not None:
         raise Unauthorized("invalid or revoked token")
-    if row.expires_at is not None and row.expires_at <= now:
+    expires_at = row.expires_at
+    if expires_at is not None and expires_at <= now:
         raise Unauthorized("token expired")
-    user = await session.get(UserRow, row.user_id)
-    if user is None:
+    if row.user_id is None:
         raise Unauthorized("token's user no longer exists")
-    memberships = await load_memberships(session, user_id=user.id)
+    memberships = {r.member_of: Role(r.member_role) for r in found if r.member_of is not None}
     # last_used_at at minute resolution: one write per token per minute, not per request.
     if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):
-        await session.execute(
-            update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now)
-        )
+        await session.execute(update(t).where(t.id == row.id).values(last_used_at=now))
     return Caller(
-        user_id=user.id,
-        user_name=user.name,
-        is_owner=user.is_owner,
+        user_id=row.user_id,
+        user_name=row.user_name,
+        is_owner=bool(row.is_owner),
         token_id=row.id,
         token_project_id=row.project_id,
         token_role=Role(row.role) if row.role else None,
         memberships=memberships,
         source_ip=source_ip,
-        token_expires_at=row.expires_at,
+        token_expires_at=expires_at,
     )
 
 

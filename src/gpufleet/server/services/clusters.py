@@ -99,30 +99,27 @@ async def count_nodes(
     gpus = dict.fromkeys(cluster_ids, 0)
     if not cluster_ids:
         return {}
-    rows = await session.execute(
-        select(NodeRow.cluster_id, NodeRow.state, NodeRow.health, NodeRow.last_report_at).where(
-            NodeRow.cluster_id.in_(cluster_ids), NodeRow.state != NodeState.REMOVED.value
-        )
+    # Each node's live GPUs in the same statement (an index probe per node): one round
+    # trip for the counts of every listed cluster.
+    live_gpus = (
+        select(func.count(GpuRow.id))
+        .where(GpuRow.node_id == NodeRow.id, GpuRow.removed_at.is_(None))
+        .correlate(NodeRow)
+        .scalar_subquery()
     )
-    for cluster_id, state, health, last_report_at in rows:
+    rows = await session.execute(
+        select(
+            NodeRow.cluster_id, NodeRow.state, NodeRow.health, NodeRow.last_report_at, live_gpus
+        ).where(NodeRow.cluster_id.in_(cluster_ids), NodeRow.state != NodeState.REMOVED.value)
+    )
+    for cluster_id, state, health, last_report_at, node_gpus in rows:
         h = shown_health(
             Health(health), last_report_at=last_report_at, now=now, staleness_s=staleness_s
         ).value
         by_state[cluster_id][state] = by_state[cluster_id].get(state, 0) + 1
         by_health[cluster_id][h] = by_health[cluster_id].get(h, 0) + 1
         totals[cluster_id] += 1
-    gpu_rows = await session.execute(
-        select(NodeRow.cluster_id, func.count(GpuRow.id))
-        .join(GpuRow, GpuRow.node_id == NodeRow.id)
-        .where(
-            NodeRow.cluster_id.in_(cluster_ids),
-            NodeRow.state != NodeState.REMOVED.value,
-            GpuRow.removed_at.is_(None),
-        )
-        .group_by(NodeRow.cluster_id)
-    )
-    for cluster_id, n in gpu_rows:
-        gpus[cluster_id] = int(n)
+        gpus[cluster_id] += int(node_gpus)
     return {
         c: NodeCounts(total=totals[c], by_state=by_state[c], by_health=by_health[c], gpus=gpus[c])
         for c in cluster_ids
