@@ -160,7 +160,7 @@ async def resolve_caller(
             )
             .outerjoin(u, u.id == t.user_id)
             .outerjoin(m, m.user_id == t.user_id)
-            .where(t.token_hash == hash_token(token))
+            .where(ApiTokenRow.token_hash == hash_token(token))
         )
     ).all()
     now = utcnow()
