@@ -11,9 +11,11 @@ dir, reads it once so every contender starts from the page cache, then times:
   GNU grep treats a /dev/null stdout like ``-q``), in the caller's locale and ``LC_ALL=C``,
   and grep with the matcher's prefilter literals (what a prefilter has to find, in C);
 * ``KernelLogMatcher.feed_bytes`` over the file in 4 MiB chunks, in this process, on
-  each prefilter engine (``hyperscan``, and the ``python`` fallback);
+  each engine (``hyperscan``: the matcher stage, only lines holding a regex's required
+  literal reach Python; the ``python`` fallback: every prefilter-token line does);
 * ``gpufleet scan FILE -o json > /dev/null`` end to end (a subprocess: start-up, read,
-  match, JSON), and with ``--jobs N`` when given.
+  match, JSON; ``--jobs`` left at its default, one process per CPU for a file of 64 MiB
+  or more), and with ``--jobs N`` when given (``--jobs 1``: one process).
 
 Best of ``--repeat`` runs each; MB/s = file size / wall time. Nothing is asserted. The
 targets (issue 19): ``gpufleet scan`` at least as fast as the literals' grep, and at
@@ -285,8 +287,13 @@ def main() -> int:
             )
         engines: list[Engine] = ["hyperscan", "python"] if hyperscan_available() else ["python"]
         for engine in engines:
-            t, found = best_of(args.repeat, lambda e=engine: matcher_pass(path, e))
-            rows.append((f"matcher.feed_bytes, {engine} prefilter", t, f"{found:,} matches"))
+
+            def one_pass(e: Engine = engine) -> int:
+                return matcher_pass(path, e)
+
+            t, found = best_of(args.repeat, one_pass)
+            label = "hyperscan matcher stage" if engine == "hyperscan" else "python prefilter"
+            rows.append((f"matcher.feed_bytes, {label}", t, f"{found:,} matches"))
         t, _ = best_of(
             args.repeat,
             lambda: scan_to_devnull([*scan_cmd, "scan", str(path), "-o", "json"], args.timeout),

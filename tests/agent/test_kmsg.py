@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from gpufleet.agent.collectors.base import Event
-from gpufleet.agent.collectors.kmsg import FileTail, KernelLogFollower, read_kmsg_records
+from gpufleet.agent.collectors.kmsg import (
+    DirWatch,
+    FileTail,
+    KernelLogFollower,
+    read_kmsg_records,
+)
 
 PREFIX = "Dec  2 10:43:35 gpu-node-07 kernel: [240314.528856] "
 
@@ -21,9 +26,9 @@ def xid_line(n: int, bus: str = "3b") -> str:
 class Follow:
     """Run a follower on a file in the background and collect what it emits."""
 
-    def __init__(self, log: Path, state: Path) -> None:
+    def __init__(self, log: Path, state: Path, tail: FileTail | None = None) -> None:
         self.events: list[Event] = []
-        self._follower = KernelLogFollower(FileTail(log, state, poll_s=0.005))
+        self._follower = KernelLogFollower(tail or FileTail(log, state, poll_s=0.005))
         self._task: asyncio.Task[None] | None = None
 
     async def _emit(self, events: list[Event]) -> None:
@@ -98,6 +103,78 @@ async def test_partial_line_is_read_whole_after_restart(paths: tuple[Path, Path]
     await g.start()
     assert await g.wait(1) == [79]
     await g.stop()
+
+
+def _has_inotify() -> bool:
+    watch = DirWatch.open(Path(__file__))
+    if watch is None:
+        return False
+    watch.close()
+    return True
+
+
+needs_inotify = pytest.mark.skipif(not _has_inotify(), reason="no inotify on this platform")
+
+
+def _never_polls(log: Path, state: Path) -> FileTail:
+    # An hour between looks: whatever arrives within the test came from an inotify event.
+    return FileTail(log, state, poll_s=3600, rescan_s=3600)
+
+
+@needs_inotify
+async def test_an_appended_line_arrives_without_waiting_for_a_poll(
+    paths: tuple[Path, Path],
+) -> None:
+    log, state = paths
+    log.write_text("")
+    f = Follow(log, state, _never_polls(log, state))
+    await f.start()
+    append(log, xid_line(79))
+    assert await f.wait(1) == [79]
+    append(log, "unrelated\n")
+    append(log, xid_line(13))
+    assert await f.wait(2) == [79, 13]
+    await f.stop()
+
+
+@needs_inotify
+async def test_rotation_and_truncation_wake_the_follower(paths: tuple[Path, Path]) -> None:
+    log, state = paths
+    log.write_text("")
+    f = Follow(log, state, _never_polls(log, state))
+    await f.start()
+    append(log, xid_line(31))
+    assert await f.wait(1) == [31]
+    os.rename(log, log.with_name("syslog.1"))
+    log.write_text(xid_line(48))
+    assert await f.wait(2) == [31, 48]
+    log.write_text(xid_line(8))  # truncated in place, then a shorter line
+    assert await f.wait(3) == [31, 48, 8]
+    await f.stop()
+
+
+async def test_without_inotify_the_file_is_polled(paths: tuple[Path, Path]) -> None:
+    log, state = paths
+    log.write_text("")
+    f = Follow(log, state, FileTail(log, state, poll_s=0.005, watch=False))
+    await f.start()
+    append(log, xid_line(79))
+    assert await f.wait(1) == [79]
+    await f.stop()
+
+
+@needs_inotify
+def test_the_watch_reports_only_its_own_file(tmp_path: Path) -> None:
+    watch = DirWatch.open(tmp_path / "syslog")
+    assert watch is not None
+    try:
+        (tmp_path / "other.log").write_text("x\n")
+        assert not watch.drain()
+        (tmp_path / "syslog").write_text("x\n")
+        assert watch.drain()
+        assert not watch.drain()  # drained
+    finally:
+        watch.close()
 
 
 async def test_rotation_while_running(paths: tuple[Path, Path]) -> None:

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import os
+import random
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+from gpufleet.cli import scan as scan_module
 from gpufleet.cli.main import app
+from gpufleet.cli.scan import (
+    Found,
+    _auto_jobs,
+    finding_json,
+    findings_json,
+    scan_file_parallel,
+    scan_stream,
+)
+from gpufleet.core.signatures.matcher import Match
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "kernel-logs"
 REFERENCE = FIXTURES / "reference-1.10.log"
@@ -89,3 +104,62 @@ def test_parallel_scan_of_a_large_log_matches_the_serial_one(tmp_path: Path) -> 
     assert serial.exit_code == 0 and parallel.exit_code == 0, parallel.output
     assert json.loads(serial.stdout) == json.loads(parallel.stdout)
     assert len(json.loads(serial.stdout)) >= len(sick) // 2
+
+
+def _straddling_log(seed: int) -> bytes:
+    """Multi-line probe messages every few lines (so ranges split them), the GPU's UUID
+    printed once near the start, Xids for that GPU all along."""
+    rng = random.Random(seed)
+    out = ["NVRM: GPU at PCI:0000:3b:00: GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b"]
+    probe = [
+        "NVRM: The NVIDIA GPU 0000:3b:00.0",
+        "NVRM: (PCI ID: 10de:2330) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ]
+    for k in range(400):
+        out.append(f"[{k}.5] usb 1-1: new high-speed USB device number {k}")
+        if k % 3 == 0:
+            out.append("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off")
+        if k % 5 == 0:
+            for line in probe:
+                out.append(line)
+                if rng.random() < 0.5:
+                    out.append("NVRM: nvAssertOkFailedNoLog: noise between the lines")
+    return ("\n".join(out) + "\n").encode()
+
+
+@pytest.mark.parametrize("chunk", [50, 4096, 4 << 20])  # 50: lines longer than a read
+@pytest.mark.parametrize("jobs", [2, 3, 7, 16, 40])
+def test_parallel_ranges_put_back_windows_uuids_and_line_numbers(
+    tmp_path: Path, jobs: int, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scan_module, "_CHUNK", chunk)  # workers are forked: they see it
+    log = tmp_path / "straddle.log"
+    log.write_bytes(_straddling_log(jobs))
+    serial = [(m, m.line_number, m.gpu_uuid) for m in scan_stream(io.BytesIO(log.read_bytes()))]
+    assert any(m.signature == "gpu-fallen-off-bus-probe" for m, _, _ in serial)
+    parallel = scan_file_parallel(str(log), jobs)
+    assert _resolved(parallel) == _resolved(serial)
+    assert findings_json(parallel) == findings_json(serial)
+
+
+def _resolved(found: list[Found]) -> list[Match]:
+    return [replace(m, line_number=number, gpu_uuid=uuid) for m, number, uuid in found]
+
+
+def test_findings_json_is_what_json_dumps_writes() -> None:
+    found = [(m, m.line_number, m.gpu_uuid) for m in scan_stream(REFERENCE.open("rb"))]
+    odd = replace(
+        found[0][0], line='quote " backslash \\ tab \t bell \x07 ü 𝄞', uptime_s=float("nan")
+    )
+    found += [(odd, None, None), (replace(odd, uptime_s=float("inf")), 7, "GPU-x")]
+    want = [
+        {**finding_json(m), "line_number": number, "gpu_uuid": uuid} for m, number, uuid in found
+    ]
+    assert findings_json(found) == json.dumps(want, indent=2, ensure_ascii=False)
+    assert findings_json([]) == json.dumps([], indent=2)
+
+
+def test_a_big_file_is_split_over_the_cpus_by_default(tmp_path: Path) -> None:
+    assert _auto_jobs(1 << 20) == 1
+    assert _auto_jobs(1 << 40) == max(1, min(os.cpu_count() or 1, 8))

@@ -1,7 +1,9 @@
 """``gpufleet scan FILE|-``: the failure signatures in a saved kernel log.
 
 The first thing an operator runs on a dump from a sick node. Reads dmesg, ``dmesg -T``,
-journal and syslog exports (gzip too), needs no server and no login.
+journal and syslog exports (gzip too), needs no server and no login. A big plain file is
+matched in one process per CPU, over line-aligned ranges (:func:`scan_file_parallel`),
+with the same output as one pass.
 """
 
 from __future__ import annotations
@@ -9,16 +11,19 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
+import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from json.encoder import encode_basestring as _encode_str  # the C one where built
 from pathlib import Path
 from typing import Annotated, BinaryIO, cast
 
 import typer
 from rich.text import Text
 
-from gpufleet.cli.errors import CliError
 from gpufleet.cli.output import (
     SEVERITY_STYLES,
     OutputFormat,
@@ -33,6 +38,18 @@ from gpufleet.core.signatures.matcher import KernelLogMatcher, Match, find_candi
 
 # Large reads keep the prefilter's bytes.find passes long; 4 MiB is a few ms of work.
 _CHUNK = 4 << 20
+# ``--jobs 0``: a file this big or bigger is split, one range per CPU (each at least
+# this big); below, a second process costs more to start than it saves.
+_PARALLEL_MIN = 64 << 20
+_MAX_AUTO_JOBS = 8
+
+
+def _usage_error(message: str) -> Exception:
+    # cli.errors imports httpx (a tenth of a second) for the API commands' errors; a
+    # scan needs it only when it fails, so it is imported then, not at start-up.
+    from gpufleet.cli.errors import CliError
+
+    return CliError(message)
 
 
 def _open(path: str) -> BinaryIO:
@@ -41,11 +58,11 @@ def _open(path: str) -> BinaryIO:
     file = Path(path)
     if not file.is_file():
         what = "is a directory" if file.is_dir() else "does not exist"
-        raise CliError(f"{path} {what}; give a saved kernel log file, or - for stdin")
+        raise _usage_error(f"{path} {what}; give a saved kernel log file, or - for stdin")
     try:
         raw = file.open("rb")
     except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from exc
+        raise _usage_error(f"cannot read {path}: {exc.strerror}") from exc
     if raw.read(2) == b"\x1f\x8b":
         raw.close()
         return cast(BinaryIO, gzip.open(file, "rb"))
@@ -62,28 +79,102 @@ def scan_stream(stream: BinaryIO) -> list[Match]:
     return found
 
 
-def _range_candidates(path: str, begin: int, end: int) -> tuple[list[tuple[int, bytes]], int]:
-    """Candidate lines of ``path[begin:end]`` (a whole number of lines), numbered from 1."""
-    lines: list[tuple[int, bytes]] = []
-    newlines = 0
-    tail = b""
+# The JSON object of a match around its "gpu_uuid" and "line_number" values (the two a
+# range cannot know alone: ``scan_file_parallel`` fills them in).
+_Parts = tuple[str, str, str]
+# A match as a range reports it: (the line that completed it, its line number, its PCI
+# address, its GPU UUID if the range knew it, the match or its JSON parts).
+_Item = tuple[int, int | None, str | None, str | None, Match | _Parts]
+
+
+@dataclass(slots=True)
+class _Range:
+    """What one worker found in its byte range of the file (``scan_file_parallel``).
+
+    Line numbers are the range's own, from 1. ``spill``: the messages of the range's
+    open windows that lines past its end completed (numbered on from the range's
+    lines); ``uuids`` the PCI → UUID map at the range's end. Plain tuples and strings,
+    so that handing them back from a worker process costs little.
+    """
+
+    items: list[_Item]
+    spill: list[_Item]
+    uuids: dict[str, str]
+    newlines: int
+
+
+def _items(matches: list[Match], emits: list[int], *, render: bool) -> list[_Item]:
+    return [
+        (e, m.line_number, m.pci, m.gpu_uuid, _render(m) if render else m)
+        for m, e in zip(matches, emits, strict=True)
+    ]
+
+
+def _scan_range(path: str, begin: int, end: int, *, last: bool, render: bool) -> _Range:
+    """Match ``path[begin:end]`` (whole lines) with a fresh matcher, then follow its open
+    windows past ``end``."""
+    matcher = KernelLogMatcher()
+    matches: list[Match] = []
+    emits: list[int] = []
     with open(path, "rb") as f:
         f.seek(begin)
         left = end - begin
+        partial = False  # the matcher holds the start of a line longer than a chunk
         while left > 0:
             chunk = f.read(min(_CHUNK, left))
             if not chunk:
                 break
-            left -= len(chunk)
-            buf = tail + chunk if tail else chunk
-            cut = buf.rfind(b"\n") + 1
-            if left <= 0 and cut < len(buf):  # the file's last line, without a newline
-                buf, cut = buf + b"\n", len(buf) + 1
-            tail = buf[cut:]
-            found, count = find_candidates(buf, cut)
-            lines.extend((newlines + n, line) for n, line in found)
-            newlines += count
-    return lines, newlines
+            cut = chunk.rfind(b"\n") + 1
+            if 0 < cut < len(chunk) and not partial:
+                f.seek(cut - len(chunk), os.SEEK_CUR)  # the partial line: read it again
+                left -= cut
+                matches.extend(matcher.feed_lines(chunk, cut, emits=emits))
+            else:
+                left -= len(chunk)
+                matches.extend(matcher.feed_bytes(chunk, emits=emits))
+                partial = cut != len(chunk)
+        if last:
+            numbered = matcher.line_count + 1
+            found = matcher.finish()
+            matches.extend(found)
+            emits.extend([numbered] * len(found))
+        newlines = matcher.line_count
+        uuids = matcher.uuid_map()
+        spill: list[Match] = []
+        spill_emits: list[int] = []
+        if not last and matcher.windows_open():
+            _follow_windows(f, matcher, newlines, spill, spill_emits)
+    return _Range(
+        _items(matches, emits, render=render),
+        _items(spill, spill_emits, render=render),
+        uuids,
+        newlines,
+    )
+
+
+def _follow_windows(
+    f: BinaryIO, matcher: KernelLogMatcher, numbered: int, out: list[Match], emits: list[int]
+) -> None:
+    """Give the candidate lines from ``f``'s position on to ``matcher``'s open windows
+    until they close (a window spans a few candidate lines)."""
+    tail = b""
+    while matcher.windows_open():
+        chunk = f.read(_CHUNK)
+        buf = tail + chunk
+        if not chunk:
+            if not buf:
+                return
+            buf += b"\n"
+        cut = buf.rfind(b"\n") + 1
+        tail = buf[cut:]
+        lines, count = find_candidates(buf, cut)
+        for number, raw in lines:
+            found = matcher.continue_windows(raw.decode("utf-8", errors="replace"))
+            out.extend(found)
+            emits.extend([numbered + number] * len(found))
+            if not matcher.windows_open():
+                return
+        numbered += count
 
 
 def _split(path: str, size: int, jobs: int) -> list[tuple[int, int]]:
@@ -99,24 +190,134 @@ def _split(path: str, size: int, jobs: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
 
 
-def scan_file_parallel(path: str, jobs: int) -> list[Match]:
-    """Find candidate lines in ``jobs`` processes; match them here, in file order.
+# A finding as printed: the match, its line number in the file, the GPU's UUID.
+Found = tuple[Match, int | None, str | None]
 
-    Only the prefilter runs in parallel: the matcher's state (multi-line windows, the
-    PCI → UUID map) sees the candidate lines in order, as ``feed_bytes`` would.
+
+def scan_file_parallel(path: str, jobs: int) -> list[Found]:
+    """Match ``jobs`` line-aligned byte ranges in parallel (this process takes the
+    first); the same findings, in the same order, as one pass.
+
+    Each range starts with a fresh matcher, so what one pass carries from line to line
+    is put back here: line numbers are offset by the lines before the range; a match
+    whose GPU UUID the range did not know takes it from the ranges before; a multi-line
+    message open at a range's end is followed past it by the same worker and placed
+    before the matches of the line that completed it (it is older than any window the
+    next range opened).
     """
+    found: list[Found] = []
+    for number, uuid, payload in _parallel(path, jobs, render=False):
+        assert isinstance(payload, Match)
+        found.append((payload, number, uuid))
+    return found
+
+
+def scan_file_json(path: str, jobs: int) -> str:
+    """:func:`findings_json` of :func:`scan_file_parallel`, the objects written by the
+    workers (only the line number and the UUID are filled in here)."""
+    objects: list[str] = []
+    for number, uuid, payload in _parallel(path, jobs, render=True):
+        assert isinstance(payload, tuple)
+        objects.append(_object(payload, number, uuid))
+    return _array(objects)
+
+
+def _parallel(
+    path: str, jobs: int, *, render: bool
+) -> list[tuple[int | None, str | None, Match | _Parts]]:
     size = os.path.getsize(path)
     ranges = _split(path, size, jobs)
-    matcher = KernelLogMatcher()
-    found: list[Match] = []
-    with ProcessPoolExecutor(max_workers=len(ranges)) as pool:
-        futures = [pool.submit(_range_candidates, path, a, b) for a, b in ranges]
-        for fut in futures:
-            lines, newlines = fut.result()
-            found.extend(matcher.feed_candidates(lines))
-            matcher.skip_lines(newlines)
-    found.extend(matcher.finish())
-    return found
+    last = len(ranges) - 1
+    ctx = multiprocessing.get_context("fork")  # the compiled program is inherited
+    with ProcessPoolExecutor(max_workers=max(1, last), mp_context=ctx) as pool:
+        futures = [
+            pool.submit(_scan_range, path, a, b, last=k == last, render=render)
+            for k, (a, b) in enumerate(ranges)
+            if k
+        ]
+        results = [_scan_range(path, *ranges[0], last=last == 0, render=render)] if ranges else []
+        results.extend(fut.result() for fut in futures)
+    keyed: list[tuple[int, int, int, tuple[int | None, str | None, Match | _Parts]]] = []
+    spilled = False
+    offset = 0
+    known: dict[str, str] = {}
+    for k, r in enumerate(results):
+        spilled = spilled or bool(r.spill)
+        for seq, (emit, number, pci, uuid, payload) in enumerate(itertools.chain(r.items, r.spill)):
+            if uuid is None and pci is not None:
+                uuid = known.get(pci)
+            if number is not None:
+                number += offset
+            keyed.append((emit + offset, k, seq, (number, uuid, payload)))
+        known.update(r.uuids)
+        offset += r.newlines
+    if spilled:
+        keyed.sort(key=lambda item: item[:3])
+    return [item[3] for item in keyed]
+
+
+def _auto_jobs(size: int) -> int:
+    """Processes for a plain file of ``size`` bytes: one per CPU on a big file."""
+    if size < _PARALLEL_MIN:
+        return 1
+    return max(1, min(os.cpu_count() or 1, _MAX_AUTO_JOBS, size // _PARALLEL_MIN))
+
+
+def _jv(value: object) -> str:
+    """One JSON value, as ``json.dumps`` writes it (``ensure_ascii=False``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return _encode_str(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (math.inf, -math.inf):
+            return "Infinity" if value > 0 else "-Infinity"
+        return float.__repr__(value)
+    return json.dumps(value, ensure_ascii=False)  # pragma: no cover - no other types
+
+
+def _render(m: Match) -> _Parts:
+    """``m``'s JSON object, as ``json.dumps(finding_json(m), indent=2)`` nests it in a
+    list, cut around the values of "gpu_uuid" and "line_number"."""
+    stamp = m.timestamp.isoformat() if m.timestamp else None
+    return (
+        "  {\n"
+        f'    "signature": {_jv(m.signature)},\n'
+        f'    "title": {_jv(m.title)},\n'
+        f'    "xid": {_jv(m.xid)},\n'
+        f'    "sxid": {_jv(m.sxid)},\n'
+        f'    "pci": {_jv(m.pci)},\n'
+        f'    "gpu_index": {_jv(m.gpu_index)},\n'
+        '    "gpu_uuid": ',
+        f',\n    "severity": {_jv(m.severity.value)},\n'
+        f'    "action": {_jv(m.action.value)},\n'
+        '    "line_number": ',
+        f',\n    "timestamp": {_jv(stamp)},\n'
+        f'    "uptime_s": {_jv(m.uptime_s)},\n'
+        f'    "host": {_jv(m.host)},\n'
+        f'    "line": {_jv(m.line)}\n'
+        "  }",
+    )
+
+
+def _object(parts: _Parts, number: int | None, uuid: str | None) -> str:
+    return parts[0] + _jv(uuid) + parts[1] + _jv(number) + parts[2]
+
+
+def _array(objects: list[str]) -> str:
+    return "[\n" + ",\n".join(objects) + "\n]" if objects else "[]"
+
+
+def findings_json(found: list[Found]) -> str:
+    """``json.dumps([finding_json(...) ...], indent=2, ensure_ascii=False)``, byte for
+    byte, without the pure-Python encoder that ``indent`` costs (~20 µs a finding)."""
+    return _array([_object(_render(m), number, uuid) for m, number, uuid in found])
 
 
 def finding_json(m: Match) -> dict[str, object]:
@@ -154,36 +355,48 @@ def scan(
         typer.Option(
             "--jobs",
             "-j",
-            min=1,
-            help="Processes that search a big plain file (not stdin, not gzip) in parallel.",
+            min=0,
+            help="Processes that match a big plain file (not stdin, not gzip) in parallel; "
+            "0: one per CPU for a file of 64 MiB or more, else 1.",
         ),
-    ] = 1,
+    ] = 0,
 ) -> None:
     """Find failure signatures (Xid, SXid, fallen off the bus, ...) in a saved kernel log."""
     stream = _open(path)
-    parallel = jobs > 1 and stream is not sys.stdin.buffer and not isinstance(stream, gzip.GzipFile)
+    plain_file = stream is not sys.stdin.buffer and not isinstance(stream, gzip.GzipFile)
+    found: list[Found] = []
+    text = ""
+    json_out = output is OutputFormat.JSON
     try:
-        if parallel:
+        if plain_file and jobs != 1:
+            size = os.fstat(stream.fileno()).st_size
             stream.close()
+            jobs = jobs or _auto_jobs(size)
+        if plain_file and jobs > 1 and json_out:
+            text = scan_file_json(path, jobs)
+        elif plain_file and jobs > 1:
             found = scan_file_parallel(path, jobs)
         else:
-            found = scan_stream(stream)
+            if stream.closed:
+                stream = _open(path)
+            found = [(m, m.line_number, m.gpu_uuid) for m in scan_stream(stream)]
+            text = findings_json(found) if json_out else ""
     except (OSError, EOFError) as exc:
-        raise CliError(f"cannot read {path}: {exc}") from exc
+        raise _usage_error(f"cannot read {path}: {exc}") from exc
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
-    if output is OutputFormat.JSON:
-        typer.echo(json.dumps([finding_json(m) for m in found], indent=2, ensure_ascii=False))
+    if json_out:
+        typer.echo(text)
         return
     if not found:
         note("no failure signatures found")
         return
     t = table("line", "gpu (pci / index)", "signature", "xid", "severity", "action", "title")
-    for m in found:
+    for m, number, _uuid in found:
         code = m.xid if m.xid is not None else m.sxid
         t.add_row(
-            plain(m.line_number),
+            plain(number),
             _gpu(m),
             plain(m.signature),
             plain(code),

@@ -6,7 +6,10 @@ Three sources, one interface (byte chunks plus a checkpoint to persist afterward
   ``seq`` is persisted with the boot id: after an agent restart, records up to it are
   skipped; after a reboot the sequence starts over, and all of the new boot's ring
   buffer is read (a GPU that fell off the bus at probe is in it).
-* ``file:PATH`` — a syslog file, polled. Rotation (the inode at PATH changes) finishes
+* ``file:PATH`` — a syslog file, followed through inotify (Linux: the directory is
+  watched, so a write, a rotation or a truncation wakes the reader at once; a look
+  every ``rescan_s`` anyway, in case an event is lost), or polled every ``poll_s``
+  where inotify is not available. Rotation (the inode at PATH changes) finishes
   the old file first, then reads the new one from the start; truncation (size below the
   offset) starts over at 0. The (inode, offset) is persisted; if the file rotated while
   the agent was down, the rest of the old file is found by inode next to it
@@ -23,10 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import datetime as dt
 import json
 import logging
 import os
+import struct
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,16 +70,137 @@ def boot_id() -> str:
         return ""
 
 
+# inotify(7): the events that may mean new data at PATH, watched on its directory.
+_IN_MODIFY = 0x002
+_IN_ATTRIB = 0x004
+_IN_CLOSE_WRITE = 0x008
+_IN_MOVED_FROM = 0x040
+_IN_MOVED_TO = 0x080
+_IN_CREATE = 0x100
+_IN_DELETE = 0x200
+_IN_Q_OVERFLOW = 0x4000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = 0o2000000
+_WATCH_MASK = (
+    _IN_MODIFY | _IN_ATTRIB | _IN_CLOSE_WRITE | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE
+) | _IN_DELETE
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
+
+
+class DirWatch:
+    """An inotify watch on one directory, reporting changes to one file name in it.
+
+    Through ctypes (no dependency): ``inotify_init1`` and ``inotify_add_watch`` from the
+    C library. :meth:`open` returns ``None`` where that is not possible (not Linux, no
+    such directory, the per-user watch limit reached); the caller then polls.
+    """
+
+    def __init__(self, fd: int, name: bytes) -> None:
+        self.fd = fd
+        self._name = name
+
+    @classmethod
+    def open(cls, path: Path) -> DirWatch | None:
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            init1, add_watch = libc.inotify_init1, libc.inotify_add_watch
+        except (OSError, AttributeError):
+            return None
+        init1.argtypes, init1.restype = [ctypes.c_int], ctypes.c_int
+        add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+        add_watch.restype = ctypes.c_int
+        fd = init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            return None
+        directory = os.fsencode(path.parent)  # Path("syslog").parent is Path(".")
+        if add_watch(fd, directory, _WATCH_MASK) < 0:
+            log.info(
+                "cannot watch %s (%s): polling the kernel log instead",
+                path.parent,
+                os.strerror(ctypes.get_errno()),
+            )
+            os.close(fd)
+            return None
+        return cls(fd, os.fsencode(path.name))
+
+    def drain(self) -> bool:
+        """Read the queued events; whether one was about the file (or the queue
+        overflowed, which may have lost one)."""
+        relevant = False
+        while True:
+            try:
+                data = os.read(self.fd, 64 * 1024)
+            except BlockingIOError:
+                return relevant
+            if not data:
+                return relevant
+            pos = 0
+            while pos + _EVENT.size <= len(data):
+                _wd, mask, _cookie, length = _EVENT.unpack_from(data, pos)
+                name = data[pos + _EVENT.size : pos + _EVENT.size + length].rstrip(b"\0")
+                pos += _EVENT.size + length
+                if mask & _IN_Q_OVERFLOW or name == self._name:
+                    relevant = True
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 @dataclass
 class FileTail:
-    """Poll a text log file; see the module docstring for rotation and restarts."""
+    """Follow a text log file; see the module docstring for rotation and restarts.
+
+    With inotify a line is read as soon as it is written, and ``rescan_s`` is only how
+    often the file is looked at without an event; ``poll_s`` is the poll interval where
+    inotify is not available (``watch=False`` forces it).
+    """
 
     path: Path
     state_file: Path
     poll_s: float = 0.2
     chunk_bytes: int = 1 << 20
+    rescan_s: float = 5.0
+    watch: bool = True
 
     async def chunks(self) -> AsyncIterator[tuple[bytes, Checkpoint]]:
+        watch = DirWatch.open(self.path) if self.watch else None
+        if watch is None:
+            async for item in self._follow(None):
+                yield item
+            return
+        woken = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(watch.fd, woken.set)
+        try:
+            async for item in self._follow((watch, woken)):
+                yield item
+        finally:
+            loop.remove_reader(watch.fd)
+            watch.close()
+
+    async def _wait(self, watched: tuple[DirWatch, asyncio.Event] | None) -> None:
+        """Until the file may have changed: an inotify event, else the poll interval."""
+        if watched is None:
+            await asyncio.sleep(self.poll_s)
+            return
+        watch, woken = watched
+        deadline = asyncio.get_running_loop().time() + self.rescan_s
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), left)
+            woken.clear()
+            # Drained before the file is read again: a write after this wakes us anew.
+            if watch.drain():
+                return
+
+    async def _follow(
+        self, watched: tuple[DirWatch, asyncio.Event] | None
+    ) -> AsyncIterator[tuple[bytes, Checkpoint]]:
         state = _read_state(self.state_file)
         fh, inode = self._resume(state)
         offset = fh.tell() if fh else 0
@@ -109,7 +237,7 @@ class FileTail:
                     fh.seek(0)  # truncated in place (copytruncate)
                     offset, partial = 0, b""
                     continue
-            await asyncio.sleep(self.poll_s)
+            await self._wait(watched)
 
     def _resume(self, state: dict[str, Any]) -> tuple[Any, int]:
         saved_inode = state.get("inode")

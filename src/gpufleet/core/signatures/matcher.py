@@ -1,31 +1,49 @@
 """Kernel-log matching: catalog rules compiled once, lines checked cheaply.
 
-Speed comes from the prefilter. Every kernel-log rule names literals one of which a
-matching line must contain ("NVRM", "SXid", ...). ``KernelLogMatcher.feed_bytes`` finds
-those literals over whole chunks (:func:`find_candidates`, with the engine of
+Speed comes from not looking at most lines. Every kernel-log rule names literals one of
+which a matching line must contain ("NVRM", "SXid", ...). ``KernelLogMatcher.feed_bytes``
+finds those literals over whole chunks (:func:`find_candidates`, with the engine of
 :mod:`gpufleet.core.signatures.prefilter`: Hyperscan, or ``bytes.find`` passes without
-it) and only the lines that hold one are decoded, stripped of their prefix and given to
-the regexes. Rules that share a pattern (all Xids, all SXids) run that regex once per
-line and dispatch on the captured code.
+it). With Hyperscan, :func:`select_lines` then keeps only the candidate lines that hold
+a *required literal* of some regex (:mod:`gpufleet.core.signatures.factors`: ``NVRM:
+Xid``, ``SXid (``, ...), which is most of the speed-up: a driver banner holds ``NVRM``
+but fires nothing. The lines kept are decoded, stripped of their prefix and given to
+the regexes, which decide and capture; rules that share a pattern (all Xids, all SXids)
+run that regex once per line and dispatch on the captured code.
 
 Multi-line messages (fallen off the bus at probe, API mismatch) open a window at their
 ``start`` line; the next candidate lines (lines that pass the prefilter) are joined to
 it until the full pattern matches or the window runs out. Lines without any prefilter
-literal never join a window: they are not looked at at all.
+literal never join a window: they are not looked at at all. The Hyperscan stage gives
+Python the ``max_lines - 1`` candidate lines after any line that may open a window, so
+windows see exactly what they would without it.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
+import functools
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpufleet.core.enums import RepairAction, Severity
 from gpufleet.core.kernel_log import LogLine, parse_line
-from gpufleet.core.signatures.catalog import get_catalog
-from gpufleet.core.signatures.models import Catalog, KernelLogRule, Signature
-from gpufleet.core.signatures.prefilter import Engine, LineFinder, make_line_finder
+from gpufleet.core.signatures.factors import required_literals
+from gpufleet.core.signatures.kernel_rules import KernelRuleSpec, packaged_rules, rules_of
+from gpufleet.core.signatures.prefilter import (
+    Engine,
+    HitFinder,
+    LineFinder,
+    make_line_finder,
+    uses_hyperscan,
+)
+
+if TYPE_CHECKING:  # the catalog's models import pydantic: not needed to match
+    from gpufleet.core.signatures.models import Catalog
 
 # Identity, not a signature: the driver prints it before most Xids.
 _UUID_LINE = re.compile(r"NVRM: GPU at PCI:([0-9a-fA-F:.]+): (GPU-[0-9a-fA-F-]{36})")
@@ -56,6 +74,7 @@ class Match:
     link: int | None = None
 
 
+@functools.lru_cache(maxsize=4096)  # a node has a few dozen addresses; lines repeat them
 def normalize_pci(raw: str | None) -> str | None:
     """``PCI:0000:3B:00`` / ``3b:00.0`` / ``00000000:86:00.0`` → ``0000:3b:00.0``.
 
@@ -81,12 +100,14 @@ def normalize_pci(raw: str | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class _Rule:
-    sig: Signature
+    sig: KernelRuleSpec
     contains: tuple[str, ...]
     excludes: tuple[str, ...]
     overrides: tuple[tuple[re.Pattern[str], Severity | None, RepairAction | None], ...]
 
     def accepts(self, message: str) -> bool:
+        if not self.contains and not self.excludes:  # most rules; skips two generators
+            return True
         return all(c in message for c in self.contains) and not any(
             e in message for e in self.excludes
         )
@@ -107,26 +128,48 @@ class _Group:
     by_code: dict[int, list[_Rule]] = field(default_factory=dict)
     fallbacks: list[_Rule] = field(default_factory=list)
     plain: list[_Rule] = field(default_factory=list)
+    need: _Need | None = None  # set once every rule is in
 
     def pick(self, m: re.Match[str], message: str) -> _Rule | None:
         if self.code_group is not None and (self.by_code or self.fallbacks):
             code = int(str(m[self.code_group]))
-            candidates: list[_Rule] = self.by_code.get(code, [])
-            for rule in [*candidates, *self.fallbacks]:
-                if rule.accepts(message):
-                    return rule
+            for rules in (self.by_code.get(code, ()), self.fallbacks):
+                for rule in rules:
+                    if rule.accepts(message):
+                        return rule
         for rule in self.plain:
             if rule.accepts(message):
                 return rule
         return None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)  # identity, as _Group
 class _MultiRule:
     rule: _Rule
     start: re.Pattern[str]
     full: re.Pattern[str]
     max_lines: int
+    need: _Need | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """Literals one of which a line must hold for a target's regex (or ``start``) to
+    match it (:func:`~gpufleet.core.signatures.factors.required_literals`), for the
+    Hyperscan stage. ``caseless`` ones match in any ASCII case."""
+
+    exact: tuple[str, ...]
+    caseless: tuple[str, ...]
+
+
+def _need_of(pattern: str, avoid: tuple[str, ...]) -> _Need | None:
+    factor = required_literals(pattern, avoid=avoid)
+    if factor is None:
+        return None
+    return _Need(
+        tuple(lit.text for lit in factor if not lit.caseless),
+        tuple(lit.text for lit in factor if lit.caseless),
+    )
 
 
 @dataclass(slots=True)
@@ -141,29 +184,24 @@ class _Pending:
 class _Program:
     """The catalog's kernel-log rules, compiled; immutable and shared by matchers."""
 
-    def __init__(self, catalog: Catalog, engine: Engine = "auto") -> None:
+    def __init__(self, rules: tuple[KernelRuleSpec, ...], engine: Engine = "auto") -> None:
         groups: dict[str, _Group] = {}
         self.by_token: dict[str, list[_Group | _MultiRule]] = {}
-        for sig in catalog.signatures:
-            rule = sig.match
-            if not isinstance(rule, KernelLogRule):
-                continue
+        for rule in rules:
             compiled = _Rule(
-                sig=sig,
+                sig=rule,
                 contains=rule.contains,
                 excludes=rule.excludes,
-                overrides=tuple(
-                    (re.compile(o.pattern), o.severity, o.action) for o in rule.overrides
-                ),
+                overrides=tuple((re.compile(p), sev, act) for p, sev, act in rule.overrides),
             )
-            pattern = catalog.pattern_of(rule)
+            pattern = rule.pattern
             target: _Group | _MultiRule
-            if rule.multiline is not None:
+            if rule.multiline_start is not None:
                 target = _MultiRule(
                     compiled,
-                    re.compile(rule.multiline.start),
+                    re.compile(rule.multiline_start),
                     re.compile(pattern, re.S),
-                    rule.multiline.max_lines,
+                    rule.multiline_max_lines,
                 )
             else:
                 group = groups.get(pattern)
@@ -184,10 +222,57 @@ class _Program:
                 if target not in targets:
                     targets.append(target)
         self.tokens: tuple[str, ...] = tuple(self.by_token)
+        for ts in self.by_token.values():
+            for t in ts:
+                if t.need is None:  # a target shared by tokens is seen again
+                    t.need = _need_of(
+                        t.regex.pattern if isinstance(t, _Group) else t.start.pattern,
+                        self.tokens,
+                    )
         self.btokens: tuple[bytes, ...] = tuple(t.encode() for t in self.tokens)
         if any(b"\n" in t or not t for t in self.btokens):
             raise ValueError("kernel-log prefilter literals must be non-empty, one line")
         self.finder: LineFinder = make_line_finder(self.btokens, engine)
+        multis = [t for ts in self.by_token.values() for t in ts if isinstance(t, _MultiRule)]
+        # Candidate lines a window opened on one line may join: fed after every line
+        # that may open one (the matcher stage does not know the window state).
+        self.window_span = max((m.max_lines - 1 for m in multis), default=0)
+        self.hits: HitFinder | None = None
+        if uses_hyperscan(engine):
+            literals, first_marked = self._hit_literals()
+            self.hits = HitFinder(literals, first_marked=first_marked)
+
+    def _hit_literals(self) -> tuple[tuple[tuple[bytes, bool], ...], int]:
+        """The matcher stage's literals: for each regex a line is tried with, the
+        literals one of which its match holds (:class:`_Need`; the target's prefilter
+        tokens where there are none). Those of window ``start`` patterns come last: they
+        are marked."""
+        plain: dict[tuple[bytes, bool], None] = {}
+        marked: dict[tuple[bytes, bool], None] = {}
+        seen: set[int] = set()
+        uuid_need = _need_of(_UUID_LINE.pattern, self.tokens)
+        entries: list[tuple[_Need | None, list[str], bool]] = [(uuid_need, ["NVRM"], False)]
+        for ts in self.by_token.values():
+            for t in ts:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    tokens = [k for k, v in self.by_token.items() if t in v]
+                    entries.append((t.need, tokens, isinstance(t, _MultiRule)))
+        for need, tokens, is_start in entries:
+            found = (
+                [(lit.encode(), False) for lit in need.exact]
+                + [(lit.encode(), True) for lit in need.caseless]
+                if need is not None
+                else [(t.encode(), False) for t in tokens]
+            )
+            for lit in found:
+                (marked if is_start else plain)[lit] = None
+        # /dev/kmsg escapes (``\x0a``) are undone before the regexes run: a line holding
+        # one may match although no literal is in its raw bytes.
+        marked[(b"\\x", False)] = None
+        for lit in marked:
+            plain.pop(lit, None)
+        return (*plain, *marked), len(plain)
 
     def targets(self, line: str) -> list[_Group | _MultiRule]:
         out: list[_Group | _MultiRule] = []
@@ -219,17 +304,64 @@ def find_candidates(
     return lines, number + count(b"\n", pos, end)
 
 
-# Compiled programs by catalog identity and engine. The catalog is kept alongside so its
-# id cannot be reused by another object while the entry exists (catalogs hold dicts:
-# unhashable).
-_programs: dict[tuple[int, Engine], tuple[Catalog, _Program]] = {}
+def select_lines(
+    buf: bytes, end: int | None = None, *, program: _Program | None = None, spill: int = 0
+) -> tuple[list[tuple[int, bytes]], int, int]:
+    """The lines of ``buf[:end]`` the matcher must see, its newline count, and the spill.
+
+    With the Hyperscan stage those are the lines holding a required literal of some
+    regex (:meth:`_Program._hit_literals`), plus the ``window_span`` candidate lines
+    after each line that may open a multi-line window, plus the first ``spill``
+    candidate lines (a window opened in the chunk before); the spill returned is how
+    many candidate lines of the next chunk still belong to a window. Any other line
+    fires nothing and changes no state, so the matches are the same as feeding every
+    candidate line. Without Hyperscan: all candidate lines (:func:`find_candidates`).
+    """
+    prog = program if program is not None else _program(None)
+    end = len(buf) if end is None else end
+    if prog.hits is None:
+        return (*find_candidates(buf, end, program=prog), 0)
+    # Two passes: Hyperscan finds the candidate lines (few short tokens: its fast case),
+    # then the required literals in just those lines, joined (a few % of the chunk).
+    # One pass over the chunk for all the literals costs more than both.
+    cands = prog.finder.line_starts(buf, end)
+    find = buf.find
+    raws = [buf[s : find(b"\n", s, end)] for s in cands]
+    joined = b"\n".join(raws) + b"\n" if raws else b""
+    hit_at, marked_at = prog.hits.hits(joined, len(joined))
+    offsets = list(itertools.accumulate((len(r) + 1 for r in raws), initial=0))
+    chosen = {bisect.bisect_right(offsets, h) - 1 for h in hit_at}
+    span = prog.window_span
+    spill_out = max(0, spill - len(raws))
+    if span and (marked_at or spill):
+        chosen.update(range(min(spill, len(raws))))
+        for h in marked_at:
+            i = bisect.bisect_right(offsets, h)  # the line after the marked one
+            chosen.update(range(i, min(i + span, len(raws))))
+            spill_out = max(spill_out, i + span - len(raws))
+    lines: list[tuple[int, bytes]] = []
+    pos, number = 0, 0
+    count = buf.count
+    for i in sorted(chosen):
+        start = cands[i]
+        number += count(b"\n", pos, start)
+        lines.append((number + 1, raws[i]))
+        pos = start
+    return lines, number + count(b"\n", pos, end), spill_out
+
+
+# Compiled programs by catalog identity and engine (0: the packaged catalog). The
+# catalog is kept alongside so its id cannot be reused by another object while the
+# entry exists (catalogs hold dicts: unhashable).
+_programs: dict[tuple[int, Engine], tuple[Catalog | None, _Program]] = {}
 
 
 def _program(catalog: Catalog | None, engine: Engine = "auto") -> _Program:
-    cat = catalog if catalog is not None else get_catalog()
-    hit = _programs.get((id(cat), engine))
+    key = (0 if catalog is None else id(catalog), engine)
+    hit = _programs.get(key)
     if hit is None:
-        hit = _programs[id(cat), engine] = (cat, _Program(cat, engine))
+        rules = packaged_rules() if catalog is None else rules_of(catalog)
+        hit = _programs[key] = (catalog, _Program(rules, engine))
     return hit[1]
 
 
@@ -262,6 +394,7 @@ class KernelLogMatcher:
         self._pending: list[_Pending] = []
         self._tail = b""
         self._line_number = 0  # lines consumed by feed_bytes so far
+        self._spill = 0  # candidate lines of the next chunk an open window may join
 
     def feed(self, line: str, *, line_number: int | None = None) -> list[Match]:
         """Match one line (with or without its newline)."""
@@ -273,12 +406,7 @@ class KernelLogMatcher:
         out: list[Match] = []
         if self._pending:
             self._continue(line, message, out)
-        if (
-            "GPU at PCI:" in message
-            and (u := _UUID_LINE.search(message))
-            and (pci := normalize_pci(u[1]))
-        ):
-            self._uuids[pci] = u[2]
+        self._note_uuid(message)
         for target in targets:
             if isinstance(target, _MultiRule):
                 if not target.start.search(message):
@@ -298,38 +426,96 @@ class KernelLogMatcher:
                 out.append(self._match(rule, m, message, line, parsed, line_number))
         return out
 
-    def feed_bytes(self, data: bytes) -> list[Match]:
-        """Match a chunk of a byte stream; a trailing partial line waits for the next."""
+    def _note_uuid(self, message: str) -> None:
+        if (
+            "GPU at PCI:" in message
+            and (u := _UUID_LINE.search(message))
+            and (pci := normalize_pci(u[1]))
+        ):
+            self._uuids[pci] = u[2]
+
+    def feed_bytes(self, data: bytes, *, emits: list[int] | None = None) -> list[Match]:
+        """Match a chunk of a byte stream; a trailing partial line waits for the next.
+
+        ``emits``, if given, gets the number of the line that completed each match (for
+        a multi-line message the last line, where ``line_number`` is the first).
+        """
         buf = self._tail + data if self._tail else data
         cut = buf.rfind(b"\n") + 1
         self._tail = buf[cut:]
-        return self._scan(buf, cut)
+        return self._scan(buf, cut, emits)
+
+    def feed_lines(self, buf: bytes, end: int, *, emits: list[int] | None = None) -> list[Match]:
+        """Match ``buf[:end]``, whole lines (``end`` just past a newline), without the copy
+        :meth:`feed_bytes` makes to join a chunk to the partial line before it. Only when
+        no partial line is pending (never after a :meth:`feed_bytes` chunk that ended
+        mid-line)."""
+        if self._tail:
+            raise ValueError("a partial line is pending: use feed_bytes")
+        return self._scan(buf, end, emits)
 
     def finish(self) -> list[Match]:
         """Match the last line of a stream that did not end with a newline."""
         buf, self._tail = self._tail, b""
         out = self._scan(buf + b"\n", len(buf) + 1) if buf else []
         self._pending.clear()
+        self._spill = 0
         return out
 
-    def _scan(self, buf: bytes, end: int) -> list[Match]:
-        lines, newlines = find_candidates(buf, end, program=self._program)
-        out = self.feed_candidates(lines)
+    def _scan(self, buf: bytes, end: int, emits: list[int] | None = None) -> list[Match]:
+        lines, newlines, self._spill = select_lines(
+            buf, end, program=self._program, spill=self._spill
+        )
+        out = self.feed_candidates(lines, emits=emits)
         self._line_number += newlines
         return out
 
-    def feed_candidates(self, lines: list[tuple[int, bytes]]) -> list[Match]:
+    def feed_candidates(
+        self, lines: list[tuple[int, bytes]], *, emits: list[int] | None = None
+    ) -> list[Match]:
         """Match candidate lines that :func:`find_candidates` picked from the stream.
 
         Line numbers are relative to the lines consumed so far; the caller advances the
-        count with :meth:`skip_lines` by the chunk's newlines. For a caller that finds
-        candidates elsewhere (``gpufleet scan --jobs``: in worker processes).
+        count with :meth:`skip_lines` by the chunk's newlines. ``emits`` as for
+        :meth:`feed_bytes`.
         """
         out: list[Match] = []
         base = self._line_number
         for number, raw in lines:
             line = raw.decode("utf-8", errors="replace")
-            out.extend(self.feed(line, line_number=base + number))
+            found = self.feed(line, line_number=base + number)
+            if found:
+                out.extend(found)
+                if emits is not None:
+                    emits.extend([base + number] * len(found))
+        return out
+
+    @property
+    def line_count(self) -> int:
+        """Lines consumed by :meth:`feed_bytes` (and :meth:`skip_lines`) so far."""
+        return self._line_number
+
+    def windows_open(self) -> bool:
+        """Whether a multi-line message is waiting for its next lines."""
+        return bool(self._pending)
+
+    def uuid_map(self) -> dict[str, str]:
+        """The PCI address → GPU UUID map the driver's lines gave so far (a copy)."""
+        return dict(self._uuids)
+
+    def continue_windows(self, line: str) -> list[Match]:
+        """Give ``line`` only to the open multi-line windows (and note a PCI → UUID line).
+
+        For the lines after a part of a stream that another matcher reads in full
+        (``gpufleet scan --jobs``): what :meth:`feed` would add to this matcher's own
+        messages, without the line's own matches.
+        """
+        if not self._pending or not self._program.targets(line):
+            return []
+        message = parse_line(line, year=self._year).message
+        out: list[Match] = []
+        self._continue(line, message, out)
+        self._note_uuid(message)
         return out
 
     def skip_lines(self, count: int) -> None:

@@ -15,8 +15,9 @@ Two engines give the same answer (the start offsets of those lines, sorted):
   letters) keeps a plain ``find`` pass; an anchor that turns out commoner than the
   sample said falls back to ``find`` mid-chunk.
 
-Either way the candidate lines are exactly the lines holding a literal, so the matcher
-after it sees the same lines, and reports the same findings, on every engine.
+Either way the candidate lines are exactly the lines holding a literal. With Hyperscan
+the matcher then narrows them down with :class:`HitFinder` (the regexes' required
+literals); every engine reports the same findings.
 """
 
 from __future__ import annotations
@@ -186,23 +187,92 @@ class HyperscanLineFinder:
             self._db.scan(view, scratch=self._scratch(), match_event_handler=on_match)
         finally:
             view.release()
-        ends.sort()  # already in order in block mode; cheap insurance
-        starts: list[int] = []
-        find, rfind = buf.find, buf.rfind
-        line_end = -1
-        for to in ends:
-            if to <= line_end:  # another literal in the same line
-                continue
-            # A literal holds no newline, so the line starts after the newline before it.
-            starts.append(rfind(b"\n", 0, to) + 1)
-            line_end = find(b"\n", to - 1, end)
-            if line_end == -1:
-                line_end = end
-        return starts
+        return _starts_of(buf, end, ends)
+
+
+class HitFinder:
+    """The matcher stage: the lines holding one of the regexes' required literals.
+
+    ``literals`` are (bytes, caseless) pairs; the lines of those with an index at or
+    past ``first_marked`` are also returned apart (the matcher marks the literals that
+    may open a multi-line window). The matcher runs it over the candidate lines only,
+    joined (``select_lines``). Hyperscan only: the ``python`` engine gives every
+    candidate line to the regexes.
+    """
+
+    name = "hyperscan"
+
+    def __init__(self, literals: tuple[tuple[bytes, bool], ...], *, first_marked: int) -> None:
+        if _hs is None:
+            raise RuntimeError("the hyperscan engine needs the hyperscan package")
+        if any(b"\n" in lit or not lit for lit, _ in literals):
+            raise ValueError("matcher literals must be non-empty, one line")
+        self._hs = _hs
+        self._first_marked = first_marked
+        self._db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        self._db.compile(
+            expressions=[lit for lit, _ in literals],
+            ids=list(range(len(literals))),
+            elements=len(literals),
+            flags=[_hs.HS_FLAG_CASELESS if caseless else 0 for _, caseless in literals],
+            literal=True,
+        )
+        self._local = threading.local()
+
+    def _scratch(self) -> object:
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = self._hs.Scratch(self._db)
+        return scratch
+
+    def hits(self, buf: bytes, end: int) -> tuple[list[int], list[int]]:
+        """Sorted, distinct starts of the lines of ``buf[:end]`` holding any literal, and
+        of those holding a marked one (a subset)."""
+        if end <= 0:
+            return [], []
+        ends: list[int] = []
+        marked: list[int] = []
+        first_marked = self._first_marked
+
+        def on_match(lit: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            ends.append(to)
+            if lit >= first_marked:
+                marked.append(to)
+
+        view = memoryview(buf)[:end]
+        try:
+            self._db.scan(view, scratch=self._scratch(), match_event_handler=on_match)
+        finally:
+            view.release()
+        return _starts_of(buf, end, ends), _starts_of(buf, end, marked)
+
+
+def _starts_of(buf: bytes, end: int, ends: list[int]) -> list[int]:
+    """The distinct line starts of literal matches ending at ``ends`` (any order)."""
+    if not ends:
+        return []
+    ends.sort()
+    starts: list[int] = []
+    find, rfind = buf.find, buf.rfind
+    line_end = -1
+    for to in ends:
+        if to <= line_end:  # another literal in the same line
+            continue
+        # A literal holds no newline, so the line starts after the newline before it.
+        starts.append(rfind(b"\n", 0, to) + 1)
+        line_end = find(b"\n", to - 1, end)
+        if line_end == -1:
+            line_end = end
+    return starts
+
+
+def uses_hyperscan(engine: Engine) -> bool:
+    """Whether ``engine`` resolves to Hyperscan here (``auto``: when it imports)."""
+    return engine == "hyperscan" or (engine == "auto" and _hs is not None)
 
 
 def make_line_finder(tokens: tuple[bytes, ...], engine: Engine = "auto") -> LineFinder:
     """The line finder for ``engine``; ``auto`` is Hyperscan when it imports."""
-    if engine == "python" or (engine == "auto" and _hs is None):
+    if not uses_hyperscan(engine):
         return PythonLineFinder(tokens)
     return HyperscanLineFinder(tokens)

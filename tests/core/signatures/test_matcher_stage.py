@@ -1,0 +1,180 @@
+"""The Hyperscan matcher stage: only lines holding a regex's required literal reach Python.
+
+The reference is the ``python`` engine, which gives every prefilter-token line to the
+regexes (as the matcher always did). The stage must give the same matches, in the same
+order, on the recorded logs and on generated ones built to stress what it skips:
+multi-line windows split over chunks and interleaved with other candidate lines,
+/dev/kmsg escapes inside a literal, non-ASCII lines, caseless patterns, CRLF.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from gpufleet.core.signatures import prefilter
+from gpufleet.core.signatures.factors import Literal, required_literals
+from gpufleet.core.signatures.matcher import KernelLogMatcher, Match, _program, select_lines
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "kernel-logs"
+LOGS = sorted(FIXTURES.glob("*.log")) + sorted((FIXTURES / "variants").glob("*.log"))
+
+needs_hyperscan = pytest.mark.skipif(
+    not prefilter.hyperscan_available(), reason="the hyperscan wheel is not installed"
+)
+
+# Lines the stage must not lose, and lines near them that must stay quiet.
+TRICKY = [
+    "NVRM: The NVIDIA GPU 0000:3b:00.0",
+    "NVRM: (PCI ID: 10de:2330) installed in this system has",
+    "NVRM: fallen off the bus and is not responding to commands.",
+    "NVRM: API mismatch: the client has the version 535.104.05, but",
+    "NVRM: this kernel module has the version 535.86.10.",
+    "6,9,1234,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed "
+    "in this system has\\x0aNVRM: fallen off the bus and is not responding to commands.",
+    "4,10,1235,-;NVRM: Xid (PCI:0000:3b:00):\\x2079, pid=1, GPU has fallen off the bus.",
+    "4,11,1236,-;NVRM: GPU 0000:3b:00.0: GPU has\\x20fallen off the bus.",
+    "NVRM: GPU 0000:3b:00.0: GPU haſ fallen off the buſ.",  # long s: (?i) folds it to s
+    "NVRM: GPU 0000:3B:00.0: GPU HAS FALLEN OFF THE BUS.",
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off",
+    "NVRM: GPU at PCI:0000:3b:00: GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b",
+    "NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable ECC error — Ünïcode",
+    "NVRM: Xid (PCI:0000:3b:00)\u00a0: 13, non-breaking space before the colon",
+    "NVRM: Xid (PCI:0000:3b:00): \u0661\u0663, Arabic-Indic digits",
+    "NVRM: Xid (PCI:0000:3b:00):\x1c13, a file separator is whitespace to str.isspace",
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.104.05",
+    "NVRM: RmInitAdapter failed! (0x25:0x65:1457)",
+    "nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Fatal, Link 44 LTSSM Fault Up",
+    "nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 20034, Severity 5 Engine instance 44",
+    "mlx5_core 0000:0c:00.0 mlx5_2: Port: 1 Link DOWN",
+    "mlx5_core 0000:0c:00.0 mlx5_2: Port: 1 Link ACTIVE",
+    "pcieport 0000:00:01.0: AER: Uncorrected (Non-Fatal) error received: 0000:01:00.0",
+    "pcieport 0000:00:01.0: AER: Corrected error received: 0000:01:00.0",
+    "mlx5_core 0000:0c:00.0: Detected insufficient power on the PCIe slot (27W).",
+    "python3[123]: segfault at 7f00 ip 7f01 sp 7f02 error 4 in libnccl.so.2[7f00+100]",
+]
+NOISE = [
+    "usb 1-1: new high-speed USB device number 3 using xhci_hcd",
+    "EXT4-fs (nvme0n1p2): mounted filesystem with ordered data mode",
+    "NVRM: nvAssertOkFailedNoLog: Assertion failed: Call timed out",
+    "NVRM: GPU Board Serial Number: 1653723012345",
+    "mlx5_core 0000:0c:00.0: mlx5_cmd_out_err:838: ACCESS_REG(0x805) failed",
+]
+PREFIXES = [
+    "",
+    "[ 1234.567890] ",
+    "[Tue Mar  5 10:12:01 2024] ",
+    "Mar  5 10:12:01 gpu-7 kernel: ",
+    "2024-03-05T10:12:01.123456+0000 gpu-7 kernel: ",
+    "<4>[ 1234.567890] ",
+    "  ",
+]
+
+
+def _generated(seed: int, lines: int = 3_000) -> bytes:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        pool = TRICKY if rng.random() < 0.3 else NOISE
+        line = rng.choice(pool)
+        if not re.match(r"\d+,\d+,", line):
+            line = rng.choice(PREFIXES) + line
+        out.append(line + ("\r\n" if rng.random() < 0.05 else "\n"))
+    data = "".join(out).encode()
+    if seed % 2:
+        data += b"\xff\xfe not UTF-8, NVRM: Xid (PCI:0000:3b:00): 31, last line, no newline"
+    return data
+
+
+def _scan(data: bytes, engine: str, chunks: list[int]) -> list[Match]:
+    matcher = KernelLogMatcher(engine=engine, year=2024)  # type: ignore[arg-type]
+    out: list[Match] = []
+    pos = 0
+    for size in chunks:
+        out.extend(matcher.feed_bytes(data[pos : pos + size]))
+        pos += size
+    out.extend(matcher.feed_bytes(data[pos:]))
+    return out + matcher.finish()
+
+
+def _chunks(rng: random.Random, total: int) -> list[int]:
+    sizes: list[int] = []
+    while sum(sizes) < total:
+        sizes.append(rng.choice([1, 7, 80, 333, 4096, 65_537]))
+    return sizes
+
+
+@needs_hyperscan
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: p.name)
+def test_recorded_logs_match_alike(path: Path) -> None:
+    data = path.read_bytes()
+    want = _scan(data, "python", [])
+    assert _scan(data, "hyperscan", []) == want
+    assert _scan(data, "hyperscan", _chunks(random.Random(path.name), len(data))) == want
+
+
+@needs_hyperscan
+@pytest.mark.parametrize("seed", range(8))
+def test_generated_logs_match_alike(seed: int) -> None:
+    data = _generated(seed)
+    want = _scan(data, "python", [])
+    assert len(want) > 50  # the generator does produce findings
+    assert _scan(data, "hyperscan", []) == want
+    assert _scan(data, "hyperscan", _chunks(random.Random(seed), len(data))) == want
+
+
+@needs_hyperscan
+def test_the_stage_skips_lines_that_only_hold_a_token() -> None:
+    data = b"".join(
+        (p + n + "\n").encode() for p in PREFIXES for n in NOISE if "NVRM" in n or "mlx5" in n
+    )
+    lines, newlines, spill = select_lines(data, program=_program(None, "hyperscan"))
+    assert (lines, spill) == ([], 0)
+    assert newlines == data.count(b"\n")
+
+
+@needs_hyperscan
+def test_lines_after_a_window_start_are_selected_across_chunks() -> None:
+    program = _program(None, "hyperscan")
+    first = b"x\nNVRM: The NVIDIA GPU 0000:3b:00.0\n"
+    lines, _, spill = select_lines(first, program=program)
+    assert [n for n, _ in lines] == [2]
+    assert spill == program.window_span
+    second = b"noise\nNVRM: (PCI ID: 10de:2330) installed in this system has\nNVRM: more\n"
+    lines, _, spill = select_lines(second, program=program, spill=spill)
+    assert [n for n, _ in lines] == [2, 3]
+    assert spill == program.window_span - 2
+
+
+def test_required_literals() -> None:
+    assert required_literals(r"NVRM: Xid(?: \(x\))?:\s*(?P<xid>\d+)") == (
+        Literal("NVRM: Xid", caseless=False),
+    )
+    # Case-insensitive: never across i, k or s (they fold to non-ASCII letters).
+    assert required_literals(r"(?i:has fallen off the bus)") == (
+        Literal(" fallen off the bu", caseless=True),
+    )
+    assert required_literals(r"NVRM: (?:RmInitAdapter failed|rm_init_adapter)") == (
+        Literal("RmInitAdapter failed", caseless=False),
+        Literal("rm_init_adapter", caseless=False),
+    )
+    # The prefilter token counts for little: the longer literal without it wins.
+    assert required_literals(
+        r"mlx5_core (?P<pci>\S+) (?P<dev>mlx5_\d+): Port: (?P<port>\d+) Link DOWN",
+        avoid=("mlx5",),
+    ) == (Literal(" Link DOWN", caseless=False),)
+    assert required_literals(r"(?:optional)?\d+[a-z]*") is None
+    assert required_literals(r"ab|cd") is None  # shorter than three characters
+
+
+def test_every_catalog_regex_has_a_required_literal() -> None:
+    # A regex without one would make the stage fall back to its prefilter tokens: still
+    # right, but every line holding the token would reach Python again.
+    program = _program(None, "python")
+    for targets in program.by_token.values():
+        for target in targets:
+            pattern = getattr(target, "regex", None) or target.start  # type: ignore[union-attr]
+            assert required_literals(pattern.pattern, avoid=program.tokens), pattern.pattern
