@@ -103,11 +103,18 @@ class CpuSnapshot:
     machine_total_s: float
 
     @classmethod
-    def take(cls, server_pid: int | None, client_pids: Sequence[int] = ()) -> CpuSnapshot:
+    def take(
+        cls,
+        server_pid: int | None,
+        client_pids: Sequence[int] = (),
+        *,
+        more_server_pids: Sequence[int] = (),  # replicas: counted as "server"
+    ) -> CpuSnapshot:
         busy, total = machine_busy_s()
         return cls(
             at=time.monotonic(),
-            server_s=process_cpu_s(server_pid) if server_pid else 0.0,
+            server_s=(process_cpu_s(server_pid) if server_pid else 0.0)
+            + sum(process_cpu_s(pid) for pid in more_server_pids),
             postgres_s=cpu_of_command("postgres"),
             clients_s=sum(process_cpu_s(pid) for pid in client_pids),
             bench_s=process_cpu_s(os.getpid()),
@@ -181,6 +188,7 @@ class ServerProcess:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
+    log_name: str = "server.log"  # replicas sharing a data dir each keep their own log
 
     @property
     def url(self) -> str:
@@ -188,7 +196,7 @@ class ServerProcess:
 
     @property
     def log_path(self) -> Path:
-        return self.data_dir / "server.log"
+        return self.data_dir / self.log_name
 
     @property
     def token_file(self) -> Path:

@@ -154,13 +154,14 @@ def check_bodies(node: NodeSpec) -> None:
 @dataclass(frozen=True)
 class ClientJob:
     index: int
-    url: str
+    urls: tuple[str, ...]  # the server processes; connection j talks to urls[j % len]
     nodes: list[NodeSpec]
     concurrency: int
     seed: int
     client: str  # "httpx" or "raw"
     ready_timeout_s: float  # the first pass over all nodes must finish within this
     max_run_s: float  # hard stop whatever the parent says (bounded loops)
+    seq_base: int = 0  # a node's first seq is seq_base + 1 (a later run goes on above)
 
 
 @dataclass
@@ -265,7 +266,7 @@ async def _drive(job: ClientJob, window: Any, out: Any) -> ClientResult:
         {"authorization": f"Bearer {node.token}", "content-type": "application/json"}
         for node in nodes
     ]
-    seq = [0] * n
+    seq = [job.seq_base] * n
     busy = [False] * n
     stored = [False] * n
     stored_count = 0
@@ -313,7 +314,7 @@ async def _drive(job: ClientJob, window: Any, out: Any) -> ClientResult:
             i = pick()
             busy[i] = True
             seq[i] += 1
-            body = makers[i].body(seq[i], first=seq[i] == 1)
+            body = makers[i].body(seq[i], first=seq[i] == job.seq_base + 1)
             t0 = time.perf_counter()
             try:
                 status, accepted = await post(i, body)
@@ -347,7 +348,10 @@ async def _drive(job: ClientJob, window: Any, out: Any) -> ClientResult:
     meter = asyncio.create_task(cpu_meter())
     try:
         if job.client == "raw":
-            conns = [RawConnection(job.url, auth=headers) for _ in range(job.concurrency)]
+            conns = [
+                RawConnection(job.urls[j % len(job.urls)], auth=headers)
+                for j in range(job.concurrency)
+            ]
             try:
                 await asyncio.gather(*(worker(c.post) for c in conns))
             finally:
@@ -357,15 +361,26 @@ async def _drive(job: ClientJob, window: Any, out: Any) -> ClientResult:
             limits = httpx.Limits(
                 max_connections=job.concurrency, max_keepalive_connections=job.concurrency
             )
-            async with httpx.AsyncClient(base_url=job.url, limits=limits, timeout=30.0) as client:
+            async with contextlib.AsyncExitStack() as stack:
+                clients = [
+                    await stack.enter_async_context(
+                        httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0)
+                    )
+                    for url in job.urls
+                ]
 
-                async def post(i: int, body: bytes) -> tuple[str, int]:
-                    r = await client.post(REPORTS_PATH, content=body, headers=headers[i])
-                    if r.status_code != 200:
-                        return str(r.status_code), 0
-                    return "200", int(r.json()["accepted"])
+                def poster(client: httpx.AsyncClient) -> PostFn:
+                    async def post(i: int, body: bytes) -> tuple[str, int]:
+                        r = await client.post(REPORTS_PATH, content=body, headers=headers[i])
+                        if r.status_code != 200:
+                            return str(r.status_code), 0
+                        return "200", int(r.json()["accepted"])
 
-                await asyncio.gather(*(worker(post) for _ in range(job.concurrency)))
+                    return post
+
+                await asyncio.gather(
+                    *(worker(poster(clients[j % len(clients)])) for j in range(job.concurrency))
+                )
     finally:
         meter.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -394,9 +409,10 @@ class LoadResult:
 
 def run_load(
     *,
-    url: str,
+    urls: tuple[str, ...],
     nodes: list[NodeSpec],
-    server_pid: int | None,
+    server_pids: list[int],
+    seq_base: int,
     concurrency: int,
     procs: int,
     client: str,
@@ -414,13 +430,14 @@ def run_load(
     jobs = [
         ClientJob(
             index=k,
-            url=url,
+            urls=urls,
             nodes=nodes[k::procs],
             concurrency=max(1, concurrency // procs + (1 if k < concurrency % procs else 0)),
             seed=1000 * k,
             client=client,
             ready_timeout_s=ready_timeout,
             max_run_s=max_run,
+            seq_base=seq_base,
         )
         for k in range(procs)
     ]
@@ -442,9 +459,9 @@ def run_load(
         window[1] = start + duration_s
         _sleep(start - time.monotonic(), stop)
         pids = [w.pid for w in workers if w.pid is not None]
-        cpu_a = CpuSnapshot.take(server_pid, pids)
+        cpu_a = CpuSnapshot.take(server_pids[0], pids, more_server_pids=server_pids[1:])
         _sleep(window[1] - time.monotonic(), stop)
-        cpu_b = CpuSnapshot.take(server_pid, pids)
+        cpu_b = CpuSnapshot.take(server_pids[0], pids, more_server_pids=server_pids[1:])
         deadline = time.monotonic() + 60.0
         while len(results) < procs:
             kind, idx, payload = _get(out, deadline, workers, stop)
@@ -808,12 +825,499 @@ def idle_busy_cores(seconds: float = 1.0) -> float:
     return CpuUse.between(a, CpuSnapshot.take(None)).machine
 
 
+# -- fleet mode: every node once per interval, then the store and the loops checked --------
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    index: int
+    urls: tuple[str, ...]
+    nodes: list[NodeSpec]
+    connections: int
+    seed: int
+    interval_s: float
+    start_at: float  # time.monotonic() (system-wide) when the measured window begins
+    duration_s: float
+    warmup_s: float  # before the window: every node reports, the health loop settles
+    drain_s: float  # after the end, how long requests in flight may take
+
+
+@dataclass
+class FleetClientResult:
+    index: int
+    hostnames: list[str] = field(default_factory=list)
+    acked_seq: list[int] = field(default_factory=list)  # per node: last seq acked as stored
+    stored_acks: list[int] = field(default_factory=list)  # per node: acks with accepted=1
+    sent: int = 0  # requests sent in the window (retries included)
+    window_stored: int = 0  # of those, acked as stored
+    retry_duplicates: int = 0  # accepted=0 for a seq resent after an error: correct
+    fresh_duplicates: int = 0  # accepted=0 for a seq sent the first time: a lost report
+    errors: dict[str, int] = field(default_factory=dict)
+    latencies_ms: list[float] = field(default_factory=list)
+    lags_ms: list[float] = field(default_factory=list)  # send time minus due time
+    unfinished: int = 0  # requests still in flight when the drain ended
+    cpu_s: float = 0.0
+
+
+def fleet_client_process(job: FleetJob, out: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = asyncio.run(_drive_fleet(job))
+    except BaseException as exc:  # noqa: BLE001 - report anything; the parent must not wait blind
+        out.put(("error", job.index, repr(exc)))
+        return
+    out.put(("result", job.index, result))
+
+
+async def _drive_fleet(job: FleetJob) -> FleetClientResult:
+    """Each node sends its next report when due (its phase in the interval is random),
+    one request at a time; after an error it resends the same seq at its next turn, as an
+    agent's spool does. A report sent late (the server behind) is still sent."""
+    import heapq
+
+    n = len(job.nodes)
+    rng = random.Random(job.seed)
+    makers = [BodyMaker(node, seed=job.seed + i) for i, node in enumerate(job.nodes)]
+    auth = [{"authorization": f"Bearer {node.token}"} for node in job.nodes]
+    res = FleetClientResult(
+        index=job.index,
+        hostnames=[node.hostname for node in job.nodes],
+        acked_seq=[0] * n,
+        stored_acks=[0] * n,
+    )
+    retrying = [False] * n
+    errors: Counter[str] = Counter()
+    first = job.start_at - job.warmup_s
+    due = [first + rng.uniform(0.0, job.interval_s) for _ in range(n)]
+    heap = [(due[i], i) for i in range(n)]
+    heapq.heapify(heap)
+    end = job.start_at + job.duration_s
+    ready: asyncio.Queue[int] = asyncio.Queue()
+    in_flight = 0
+
+    async def dispatcher() -> None:
+        while True:
+            now = time.monotonic()
+            while heap and heap[0][0] <= now:
+                at, i = heapq.heappop(heap)
+                if at >= end:
+                    heap.clear()
+                    return
+                ready.put_nowait(i)
+            if now >= end:
+                return
+            # An empty heap is every node queued or in flight (the server behind): wait.
+            await asyncio.sleep(min(0.01, max(0.0, heap[0][0] - now)) if heap else 0.01)
+
+    async def worker(conn: RawConnection) -> None:
+        nonlocal in_flight
+        while True:
+            i = await ready.get()
+            in_flight += 1
+            seq = res.acked_seq[i] + 1
+            body = makers[i].body(seq, first=seq == 1)
+            t0 = time.perf_counter()
+            measured = due[i] >= job.start_at  # inside the window, not the warm-up
+            if measured:
+                res.lags_ms.append(max(0.0, time.monotonic() - due[i]) * 1000.0)
+                res.sent += 1
+            try:
+                status, accepted = await conn.post(i, body)
+            except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError) as exc:
+                status, accepted = type(exc).__name__, 0
+            if measured:
+                res.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+            if status == "200":
+                res.acked_seq[i] = seq
+                if accepted:
+                    res.stored_acks[i] += 1
+                    res.window_stored += measured
+                elif retrying[i]:
+                    res.retry_duplicates += 1
+                else:
+                    res.fresh_duplicates += 1
+                retrying[i] = False
+            else:
+                errors[status] += 1
+                retrying[i] = True
+            due[i] += job.interval_s
+            heapq.heappush(heap, (due[i], i))
+            in_flight -= 1
+
+    conns = [
+        RawConnection(job.urls[j % len(job.urls)], auth=auth, timeout_s=30.0)
+        for j in range(job.connections)
+    ]
+    await asyncio.sleep(max(0.0, first - time.monotonic()))
+    c0 = time.process_time()
+    workers = [asyncio.create_task(worker(c)) for c in conns]
+    try:
+        await dispatcher()
+        drain_until = time.monotonic() + job.drain_s
+        while (in_flight or not ready.empty()) and time.monotonic() < drain_until:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        res.unfinished = in_flight + ready.qsize()
+    finally:
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for c in conns:
+            c.close()
+    res.cpu_s = time.process_time() - c0
+    res.errors = dict(errors)
+    return res
+
+
+@dataclass
+class LoopFigures:
+    loop: str
+    interval_s: float
+    passes: int  # passes run (ok + failed), all replicas
+    failed: int
+    mean_pass_s: float
+    mean_lag_s: float
+    slow_passes: int  # passes longer than the interval (from the histogram's buckets)
+    late_starts: int  # passes that started more than the interval late
+
+
+@dataclass
+class FleetResult:
+    servers: int
+    interval_s: float
+    duration_s: float
+    wall_s: float
+    sent: int
+    stored: int
+    retry_duplicates: int
+    fresh_duplicates: int
+    errors: dict[str, int]
+    unfinished: int
+    latencies_ms: list[float]
+    lags_ms: list[float]
+    nodes: int
+    nodes_checked: int
+    seq_mismatch: int  # nodes whose stored last_report_seq is not the last acked seq
+    seq_gaps: int  # nodes with fewer stored acks than seqs acked (a report not stored)
+    never_reported: int
+    marked_unknown: int  # node.health events to "unknown" in the window (stale nodes)
+    unknown_at_end: int  # nodes whose health is unknown after the run
+    loops: list[LoopFigures]
+    cpu: CpuUse
+    client_cpu: float
+
+
+def _histogram_share(text: str, name: str, loop: str, limit: float) -> int:
+    """Observations above ``limit`` in a Prometheus histogram (the count less the
+    largest bucket at or below the limit)."""
+    best, total = 0.0, 0.0
+    for line in text.splitlines():
+        if line.startswith(f'{name}_count{{loop="{loop}"}}'):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(f"{name}_bucket{{") and f'loop="{loop}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            if le != "+Inf" and float(le) <= limit:
+                best = max(best, float(line.rsplit(" ", 1)[1]))
+    return int(total - best)
+
+
+def loop_figures(texts: list[str]) -> list[LoopFigures]:
+    """Each background loop's passes, summed over the replicas' /metrics."""
+    sums: dict[tuple[str, str], float] = {}
+    intervals: dict[str, float] = {}
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith("#") or "loop=" not in line:
+                continue
+            name, _, value = line.rpartition(" ")
+            metric = name.split("{", 1)[0]
+            loop = name.split('loop="', 1)[1].split('"', 1)[0]
+            if metric == "gpufleet_loop_interval_seconds":
+                intervals[loop] = float(value)
+            elif metric == "gpufleet_loop_passes_total":
+                result = name.split('result="', 1)[1].split('"', 1)[0]
+                key = (loop, f"passes_{result}")
+                sums[key] = sums.get(key, 0.0) + float(value)
+            elif metric.endswith(("_sum", "_count")) and metric.startswith(
+                ("gpufleet_loop_pass_duration_seconds", "gpufleet_loop_lag_seconds")
+            ):
+                sums[(loop, metric)] = sums.get((loop, metric), 0.0) + float(value)
+    out: list[LoopFigures] = []
+    for loop in sorted(intervals):
+        interval = intervals[loop]
+
+        def get(key: str, loop: str = loop) -> float:
+            return sums.get((loop, key), 0.0)
+
+        count = get("gpufleet_loop_pass_duration_seconds_count")
+        lag_n = get("gpufleet_loop_lag_seconds_count")
+        if not count:
+            continue
+        out.append(
+            LoopFigures(
+                loop=loop,
+                interval_s=interval,
+                passes=int(get("passes_ok") + get("passes_failed")),
+                failed=int(get("passes_failed")),
+                mean_pass_s=get("gpufleet_loop_pass_duration_seconds_sum") / count,
+                mean_lag_s=get("gpufleet_loop_lag_seconds_sum") / lag_n if lag_n else 0.0,
+                slow_passes=sum(
+                    _histogram_share(t, "gpufleet_loop_pass_duration_seconds", loop, interval)
+                    for t in texts
+                ),
+                late_starts=sum(
+                    _histogram_share(t, "gpufleet_loop_lag_seconds", loop, interval) for t in texts
+                ),
+            )
+        )
+    return out
+
+
+def metrics_delta(before: str, after: str) -> str:
+    """``after`` less ``before``, sample by sample (counters and histogram series only
+    grow): the passes run inside the window, not since the server started."""
+    old: dict[str, float] = {}
+    for line in before.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                old[name] = float(value)
+    out: list[str] = []
+    for line in after.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                keep = name.startswith("gpufleet_loop_interval_seconds")  # a gauge
+                out.append(f"{name} {float(value) - (0.0 if keep else old.get(name, 0.0))}")
+    return "\n".join(out)
+
+
+async def scrape_metrics(urls: tuple[str, ...], token: str) -> list[str]:
+    texts: list[str] = []
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        for url in urls:
+            r = await client.get(f"{url}/metrics", headers={"authorization": f"Bearer {token}"})
+            texts.append(r.text if r.status_code == 200 else "")
+    return texts
+
+
+async def stored_seqs(db_url: str | None, sqlite_file: Path) -> dict[str, int]:
+    """hostname → last_report_seq, read straight from the store after the run."""
+    if db_url is not None:
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+        conn = await asyncpg.connect(pg_plain_url(db_url))
+        try:
+            rows = await conn.fetch("SELECT hostname, last_report_seq FROM node")
+        finally:
+            await conn.close()
+        return {r["hostname"]: int(r["last_report_seq"]) for r in rows if r["hostname"]}
+    import aiosqlite
+
+    async with aiosqlite.connect(sqlite_file) as db:
+        cur = await db.execute("SELECT hostname, last_report_seq FROM node")
+        return {h: int(s) for h, s in await cur.fetchall() if h}
+
+
+async def count_unknown_nodes(db_url: str | None, sqlite_file: Path) -> int:
+    query = "SELECT count(*) FROM node WHERE health = 'unknown'"
+    if db_url is not None:
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+        conn = await asyncpg.connect(pg_plain_url(db_url))
+        try:
+            return int(await conn.fetchval(query))
+        finally:
+            await conn.close()
+    import aiosqlite
+
+    async with aiosqlite.connect(sqlite_file) as db:
+        cur = await db.execute(query)
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+async def count_marked_unknown(db_url: str | None, sqlite_file: Path, since: dt.datetime) -> int:
+    query = "SELECT count(*) FROM event WHERE kind = 'node.health' AND message LIKE '%→ unknown%'"
+    if db_url is not None:
+        import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+        conn = await asyncpg.connect(pg_plain_url(db_url))
+        try:
+            return int(await conn.fetchval(query + " AND ts >= $1", since))
+        finally:
+            await conn.close()
+    import aiosqlite
+
+    async with aiosqlite.connect(sqlite_file) as db:
+        cur = await db.execute(query + " AND ts >= ?", (since.replace(tzinfo=None).isoformat(" "),))
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+
+async def run_fleet(
+    args: argparse.Namespace,
+    *,
+    urls: tuple[str, ...],
+    specs: list[NodeSpec],
+    server_pids: list[int],
+    db_url: str | None,
+    data_dir: Path,
+) -> FleetResult:
+    sqlite_file = data_dir / "gpufleet.db"
+    procs = args.client_procs
+    print(
+        f"fleet: {len(specs):,} nodes, one report each per {args.interval:g} s "
+        f"(≈ {len(specs) / args.interval:,.0f}/s) for {args.duration:g} s, over {len(urls)} "
+        f"server process(es), {args.concurrency} connections from {procs} client process(es)",
+        flush=True,
+    )
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    warmup = 2 * args.interval + args.warmup
+    # The clients build their bodies first (about 1 ms a node), then the warm-up.
+    start_at = time.monotonic() + 10.0 + len(specs) / 1000.0 + warmup
+    jobs = [
+        FleetJob(
+            index=k,
+            urls=urls,
+            nodes=specs[k::procs],
+            connections=max(1, args.concurrency // procs),
+            seed=1000 * k,
+            interval_s=args.interval,
+            start_at=start_at,
+            duration_s=args.duration,
+            warmup_s=warmup,
+            drain_s=35.0,
+        )
+        for k in range(procs)
+    ]
+    workers = [ctx.Process(target=fleet_client_process, args=(j, out), daemon=True) for j in jobs]
+    results: list[FleetClientResult] = []
+    token = (data_dir / "owner-token").read_text().strip()
+    try:
+        for w in workers:
+            w.start()
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        since = dt.datetime.now(dt.UTC)
+        before = await scrape_metrics(urls, token)
+        pids = [w.pid for w in workers if w.pid is not None]
+        cpu_a = CpuSnapshot.take(server_pids[0], pids, more_server_pids=server_pids[1:])
+        t0 = time.monotonic()
+        await asyncio.sleep(args.duration)
+        cpu_b = CpuSnapshot.take(server_pids[0], pids, more_server_pids=server_pids[1:])
+        deadline = time.monotonic() + 120.0
+        while len(results) < procs:
+            kind, idx, payload = await asyncio.to_thread(
+                _get, out, deadline, workers, threading.Event()
+            )
+            if kind == "error":
+                raise RuntimeError(f"fleet client {idx} failed: {payload}")
+            results.append(payload)
+        wall = time.monotonic() - t0
+    finally:
+        for w in workers:
+            w.join(timeout=5.0)
+            if w.is_alive():
+                w.terminate()
+    texts = [
+        metrics_delta(b, a) for b, a in zip(before, await scrape_metrics(urls, token), strict=True)
+    ]
+    stored = await stored_seqs(db_url, sqlite_file)
+    acked: dict[str, tuple[int, int]] = {}
+    for r in results:
+        for host, seq, n_stored in zip(r.hostnames, r.acked_seq, r.stored_acks, strict=True):
+            acked[host] = (seq, n_stored)
+    errors: Counter[str] = Counter()
+    for r in results:
+        errors.update(r.errors)
+    return FleetResult(
+        servers=len(urls),
+        interval_s=args.interval,
+        duration_s=args.duration,
+        wall_s=wall,
+        sent=sum(r.sent for r in results),
+        stored=sum(r.window_stored for r in results),
+        retry_duplicates=sum(r.retry_duplicates for r in results),
+        fresh_duplicates=sum(r.fresh_duplicates for r in results),
+        errors=dict(errors),
+        unfinished=sum(r.unfinished for r in results),
+        latencies_ms=sorted(x for r in results for x in r.latencies_ms),
+        lags_ms=sorted(x for r in results for x in r.lags_ms),
+        nodes=len(specs),
+        nodes_checked=sum(1 for h in acked if h in stored),
+        seq_mismatch=sum(1 for h, (seq, _) in acked.items() if stored.get(h) != seq),
+        seq_gaps=sum(1 for seq, n_stored in acked.values() if n_stored != seq),
+        never_reported=sum(1 for seq, _ in acked.values() if seq == 0),
+        marked_unknown=await count_marked_unknown(db_url, sqlite_file, since),
+        unknown_at_end=await count_unknown_nodes(db_url, sqlite_file),
+        loops=loop_figures(texts),
+        cpu=CpuUse.between(cpu_a, cpu_b),
+        client_cpu=sum(r.cpu_s for r in results) / max(wall, 1e-9),
+    )
+
+
+def print_fleet(run: DbRun) -> None:
+    f = run.fleet
+    assert f is not None
+    lat, lag = f.latencies_ms, f.lags_ms
+    errs = ", ".join(f"{k}×{v}" for k, v in sorted(f.errors.items())) or "none"
+    print()
+    for line in machine_lines():
+        print(line)
+    print(f"{run.db}: {run.version}; {f.nodes:,} nodes provisioned in {run.provision_s:.0f} s")
+    print(
+        f"fleet ({run.db}, {f.servers} server process(es)), after a warm-up of every node "
+        f"reporting: {f.sent:,} reports sent in "
+        f"{f.duration_s:g} s = {f.sent / f.duration_s:,.0f}/s (target "
+        f"{f.nodes / f.interval_s:,.0f}/s); stored {f.stored:,}; errors {errs}; "
+        f"unfinished at the end {f.unfinished}"
+    )
+    if lat:
+        print(
+            f"latency ms: p50 {percentile(lat, 50):.1f}, p99 {percentile(lat, 99):.1f}, "
+            f"max {lat[-1]:.1f}; send lag behind schedule ms: p50 {percentile(lag, 50):.1f}, "
+            f"p99 {percentile(lag, 99):.1f}, max {lag[-1]:.1f}"
+        )
+    ok = (
+        f.seq_mismatch == 0
+        and f.seq_gaps == 0
+        and f.fresh_duplicates == 0
+        and f.never_reported == 0
+        and f.nodes_checked == f.nodes
+        and f.marked_unknown == 0
+        and f.unknown_at_end == 0
+    )
+    print(
+        f"store check: {f.nodes_checked:,}/{f.nodes:,} nodes compared; stored seq ≠ last acked: "
+        f"{f.seq_mismatch}; seq gaps (acked but not stored): {f.seq_gaps}; duplicates stored "
+        f"as new: 0 by construction, fresh seqs acked as duplicates: {f.fresh_duplicates}; "
+        f"resent after an error and acked as duplicate (correct): {f.retry_duplicates}; "
+        f"nodes that never reported: {f.never_reported}; nodes marked unknown in the "
+        f"window: {f.marked_unknown}, unknown at the end: {f.unknown_at_end} "
+        f"→ {'OK' if ok else 'FAILED'}"
+    )
+    print("background loops (all replicas): loop | interval s | passes | failed | mean pass s "
+          "| mean lag s | passes > interval | starts > interval late")  # fmt: skip
+    for lf in f.loops:
+        print(
+            f"  {lf.loop} | {lf.interval_s:g} | {lf.passes} | {lf.failed} | "
+            f"{lf.mean_pass_s:.3f} | {lf.mean_lag_s:.3f} | {lf.slow_passes} | {lf.late_starts}"
+        )
+    cpu = f.cpu
+    print(
+        f"CPU in cores: server(s) {cpu.server:.2f}, postgres {cpu.postgres:.2f}, clients "
+        f"{cpu.clients:.2f}, other {cpu.other:.2f}; machine busy {cpu.machine:.2f} of "
+        f"{cpu.machine_cores:.0f}; machine busy before the run {run.idle_busy_cores:.2f}"
+    )
+
+
 # -- one database, end to end ----------------------------------------------------------------
 
 
 @dataclass
 class DbRun:
     db: str
+    servers: int = 1  # server processes the load was spread over
     version: str = ""
     nodes: int = 0
     provision_s: float = 0.0
@@ -822,22 +1326,34 @@ class DbRun:
     group_failures: int = 0
     idle_busy_cores: float = 0.0  # machine busy before this run started (should be ~0)
     error: str | None = None
+    fleet: FleetResult | None = None  # --interval: the paced fleet run and its checks
 
 
-async def bench_one(db: str, args: argparse.Namespace) -> DbRun:
-    run = DbRun(db=db)
+SEQ_STEP = 10_000_000  # each load run's seqs start this far above the previous run's
+
+
+def _warn_if_busy(db: str, busy: float) -> None:
+    if busy > 0.15:
+        print(
+            f"[{db}] WARNING: the machine is already {busy:.2f} cores busy "
+            "before the run; figures will be low (see 'other' CPU below)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+async def bench_one(db: str, args: argparse.Namespace) -> list[DbRun]:
+    """One database: the fleet, then a load run per entry of ``--servers`` (server
+    processes on the same store, agents spread over them), then the baselines."""
+    runs: list[DbRun] = []
+    first = DbRun(db=db)
     tmp = Path(tempfile.mkdtemp(prefix=f"gpufleet-bench-{db}-"))
     pg_name: str | None = None
-    server: ServerProcess | None = None
+    servers: list[ServerProcess] = []
+    current = first
     try:
-        run.idle_busy_cores = await asyncio.to_thread(idle_busy_cores)
-        if run.idle_busy_cores > 0.15:
-            print(
-                f"[{db}] WARNING: the machine is already {run.idle_busy_cores:.2f} cores busy "
-                "before the run; figures will be low (see 'other' CPU below)",
-                file=sys.stderr,
-                flush=True,
-            )
+        first.idle_busy_cores = await asyncio.to_thread(idle_busy_cores)
+        _warn_if_busy(db, first.idle_busy_cores)
         env = {
             "GPUFLEET_SIM_AGENTS": "false",
             "GPUFLEET_RUN_WORKERS": "true",
@@ -850,86 +1366,125 @@ async def bench_one(db: str, args: argparse.Namespace) -> DbRun:
             await pg_create_database(args.pg_url, pg_name)
             db_url = pg_url_with_database(args.pg_url, pg_name)
             env["GPUFLEET_DATABASE_URL"] = db_url
-            run.version = (await pg_server_version(db_url)).split(" on ")[0]
+            first.version = (await pg_server_version(db_url)).split(" on ")[0]
         else:
-            run.version = sqlite_versions()
-        server = ServerProcess(data_dir=tmp / "data", env_overrides=env)
-        server.start()
-        owner = await asyncio.to_thread(server.wait_ready, timeout_s=60.0)
+            first.version = sqlite_versions()
+        servers.append(ServerProcess(data_dir=tmp / "data", env_overrides=env))
+        servers[0].start()
+        owner = await asyncio.to_thread(servers[0].wait_ready, timeout_s=60.0)
         t0 = time.monotonic()
         cluster_ids = await create_fleet(
-            server.url, owner, nodes=args.nodes, timeout_s=args.provision_timeout
+            servers[0].url, owner, nodes=args.nodes, timeout_s=args.provision_timeout
         )
-        run.provision_s = time.monotonic() - t0
+        first.provision_s = time.monotonic() - t0
         specs = await asyncio.to_thread(
-            load_node_specs, server.data_dir / "sim-world.json", cluster_ids
+            load_node_specs, servers[0].data_dir / "sim-world.json", cluster_ids
         )
-        run.nodes = len(specs)
+        first.nodes = len(specs)
         check_bodies(specs[0])
-        print(
-            f"[{db}] {run.nodes} nodes ready in {run.provision_s:.1f} s; "
-            f"load: {args.client_procs} {args.client} client process(es), "
-            f"{args.concurrency} in flight, "
-            f"warm-up = one report per node + {args.warmup:g} s, then {args.duration:g} s",
-            flush=True,
-        )
-        stop = threading.Event()
-        load_call = asyncio.to_thread(
-            run_load,
-            url=server.url,
-            nodes=specs,
-            server_pid=server.pid,
-            concurrency=args.concurrency,
-            procs=args.client_procs,
-            client=args.client,
-            warmup_s=args.warmup,
-            duration_s=args.duration,
-            stop=stop,
-        )
-        try:
-            run.load = await load_call
-        except asyncio.CancelledError:
-            stop.set()  # the thread stops its client processes and returns at once
-            raise
-        print(f"[{db}] server: {run.load.reports_s:,.0f} reports/s", flush=True)
-        run.group_failures = server.count_log(r"failed; retrying each batch alone")
-        # Stop the server first: the baseline gets the machine to itself, as the server did
-        # (minus the load generator), and the database sees no other writer.
-        await asyncio.to_thread(server.stop)
+        print(f"[{db}] {first.nodes} nodes ready in {first.provision_s:.1f} s", flush=True)
+        counts = [max(args.servers)] if args.interval else args.servers
+        for k, count in enumerate(counts):
+            current = first if k == 0 else DbRun(db=db, version=first.version)
+            current.servers, current.nodes = count, first.nodes
+            current.provision_s = first.provision_s
+            if k:
+                current.idle_busy_cores = first.idle_busy_cores
+            runs.append(current)
+            while len(servers) < count:  # a replica: same store and data dir, own log
+                i = len(servers)
+                replica = ServerProcess(
+                    data_dir=servers[0].data_dir,
+                    env_overrides={**env, "GPUFLEET_REPLICA_ID": f"bench-{db}-{i}"},
+                    log_name=f"server-{i}.log",
+                )
+                servers.append(replica)
+                replica.start()
+                await asyncio.to_thread(replica.wait_ready, timeout_s=60.0)
+            used = servers[:count]
+            urls = tuple(sv.url for sv in used)
+            pids = [sv.pid for sv in used if sv.pid is not None]
+            if args.interval:
+                current.fleet = await run_fleet(
+                    args, urls=urls, specs=specs, server_pids=pids, db_url=db_url,
+                    data_dir=servers[0].data_dir,
+                )  # fmt: skip
+                print_fleet(current)
+                return runs
+            print(
+                f"[{db}] {count} server process(es); load: {args.client_procs} {args.client} "
+                f"client process(es), {args.concurrency} in flight, warm-up = one report per "
+                f"node + {args.warmup:g} s, then {args.duration:g} s",
+                flush=True,
+            )
+            stop = threading.Event()
+            load_call = asyncio.to_thread(
+                run_load,
+                urls=urls,
+                nodes=specs,
+                server_pids=pids,
+                seq_base=k * SEQ_STEP,
+                concurrency=args.concurrency,
+                procs=args.client_procs,
+                client=args.client,
+                warmup_s=args.warmup,
+                duration_s=args.duration,
+                stop=stop,
+            )
+            try:
+                current.load = await load_call
+            except asyncio.CancelledError:
+                stop.set()  # the thread stops its client processes and returns at once
+                raise
+            print(
+                f"[{db}] {count} server process(es): {current.load.reports_s:,.0f} reports/s",
+                flush=True,
+            )
+            current.group_failures = sum(
+                sv.count_log(r"failed; retrying each batch alone") for sv in used
+            )
+        # Stop the servers first: the baseline gets the machine to itself, as the server
+        # did (minus the load generator), and the database sees no other writer.
+        for sv in servers:
+            await asyncio.to_thread(sv.stop)
         rows = BaselineRows.build(specs)
         batch = args.baseline_batch or args.concurrency
         if db == "postgres":
             assert db_url is not None
-            run.baseline = await pg_baseline(
+            baseline = await pg_baseline(
                 db_url, rows, duration_s=args.baseline_duration, batch=batch
             )
         else:
-            run.baseline = await sqlite_baseline(
-                server.data_dir / "gpufleet.db",
+            baseline = await sqlite_baseline(
+                servers[0].data_dir / "gpufleet.db",
                 rows,
                 duration_s=args.baseline_duration,
                 batch=batch,
             )
+        for run in runs:
+            run.baseline = baseline
         print(
-            f"[{db}] baseline: {run.baseline.per_report_txn:,.0f} reports/s one txn per report, "
-            f"{run.baseline.batched:,.0f} reports/s {batch} per txn",
+            f"[{db}] baseline: {baseline.per_report_txn:,.0f} reports/s one txn per report, "
+            f"{baseline.batched:,.0f} reports/s {batch} per txn",
             flush=True,
         )
     except Exception as exc:  # noqa: BLE001 - report it, clean up, go on with the next db
-        run.error = f"{type(exc).__name__}: {exc}"
-        print(f"[{db}] FAILED: {run.error}", file=sys.stderr, flush=True)
-        if server is not None:
-            print(server.log_tail(), file=sys.stderr, flush=True)
+        current.error = f"{type(exc).__name__}: {exc}"
+        if current not in runs:
+            runs.append(current)
+        print(f"[{db}] FAILED: {current.error}", file=sys.stderr, flush=True)
+        for sv in servers:
+            print(sv.log_tail(), file=sys.stderr, flush=True)
     finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)
+        for sv in servers:
+            await asyncio.to_thread(sv.stop)
         if pg_name is not None:
             try:
                 await pg_drop_database(args.pg_url, pg_name)
             except Exception as exc:  # noqa: BLE001 - say so; the run itself is over
                 print(f"[{db}] could not drop database {pg_name}: {exc}", file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
-    return run
+    return runs
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -939,17 +1494,18 @@ def print_report(runs: list[DbRun], args: argparse.Namespace) -> None:
     print()
     for line in machine_lines():
         print(line)
-    for run in runs:
+    for run in {r.db: r for r in runs}.values():
         print(f"{run.db}: {run.version or '?'}")
     print(
         f"load: {args.nodes} nodes, {GPUS_PER_NODE} GPUs each, 1 report per request, "
         f"{args.concurrency} requests in flight from {args.client_procs} {args.client} "
-        f"client process(es), "
+        f"client process(es) spread over each run's server process(es), "
         f"{args.duration:g} s measured after warm-up"
     )
     print()
     headers = [
         "db",
+        "servers",
         "server reports/s",
         "p50 ms",
         "p99 ms",
@@ -961,13 +1517,14 @@ def print_report(runs: list[DbRun], args: argparse.Namespace) -> None:
     for run in runs:
         target = f"≥ {TARGET_PG_REPORTS_S:,}" if run.db == "postgres" else "—"
         if run.error is not None and run.load is None:
-            table.append([run.db, "FAILED", "", "", "", "", target])
+            table.append([run.db, str(run.servers), "FAILED", "", "", "", "", target])
             continue
         load, base = run.load, run.baseline
         lat = load.latencies_ms if load else []
         table.append(
             [
                 run.db,
+                str(run.servers),
                 f"{load.reports_s:,.0f}" if load else "",
                 f"{percentile(lat, 50):.1f}" if lat else "",
                 f"{percentile(lat, 99):.1f}" if lat else "",
@@ -989,18 +1546,19 @@ def print_report(runs: list[DbRun], args: argparse.Namespace) -> None:
             continue
         load = run.load
         cpu = load.cpu
+        name = f"{run.db} ×{run.servers}"
         errs = ", ".join(f"{k}×{v}" for k, v in sorted(load.errors.items())) or "none"
         print(
-            f"{run.db}: {load.ok:,} acks in {load.duration_s:g} s, errors {errs}, "
+            f"{name}: {load.ok:,} acks in {load.duration_s:g} s, errors {errs}, "
             f"acks with accepted=0: {load.not_accepted}, errors outside the window: "
             f"{load.errors_outside}, group retries logged: {run.group_failures}; "
             f"p90 {percentile(load.latencies_ms, 90):.1f} ms, "
             f"max {load.latencies_ms[-1] if load.latencies_ms else float('nan'):.1f} ms; "
             f"provisioning {run.provision_s:.1f} s, first pass {load.first_pass_s:.1f} s"
         )
-        print(f"{run.db}: machine busy before the run: {run.idle_busy_cores:.2f} cores")
+        print(f"{name}: machine busy before the run: {run.idle_busy_cores:.2f} cores")
         print(
-            f"{run.db}: CPU in cores: server {cpu.server:.2f}, postgres {cpu.postgres:.2f}, "
+            f"{name}: CPU in cores: server(s) {cpu.server:.2f}, postgres {cpu.postgres:.2f}, "
             f"clients {cpu.clients:.2f} (self-measured {load.client_cpu:.2f}), "
             f"bench {cpu.bench:.2f}, other {cpu.other:.2f}; "
             f"machine busy {cpu.machine:.2f} of {cpu.machine_cores:.0f}"
@@ -1038,7 +1596,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the most the server's group commit can gather at that load)",
     )
     p.add_argument("--provision-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--servers",
+        default="1,2",
+        help="server processes per load run, comma-separated (default 1,2: one run with one "
+        "process, one with two on the same store; agents spread over them)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=0.0,
+        help="fleet mode: every node reports once per INTERVAL s (not as fast as possible) for "
+        "--duration s, over the last --servers count; then checks the store (no seq gaps or "
+        "duplicates) and the background loops' lag",
+    )
     args = p.parse_args(argv)
+    try:
+        args.servers = [int(x) for x in str(args.servers).split(",") if x.strip()]
+    except ValueError:
+        p.error("--servers takes counts like 1,2")
+    if not args.servers or min(args.servers) < 1 or args.interval < 0:
+        p.error("--servers counts must be positive, --interval not negative")
     if args.nodes < 1 or args.duration <= 0 or args.concurrency < 1 or args.client_procs < 1:
         p.error("--nodes, --duration, --concurrency and --client-procs must be positive")
     if args.db in ("postgres", "both"):
@@ -1053,7 +1631,7 @@ async def amain(args: argparse.Namespace) -> list[DbRun]:
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     runs: list[DbRun] = []
     for db in dbs:
-        runs.append(await bench_one(db, args))
+        runs.extend(await bench_one(db, args))
     return runs
 
 
@@ -1064,7 +1642,8 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted; server stopped and scratch databases dropped", file=sys.stderr)
         return 130
-    print_report(runs, args)
+    if not args.interval:
+        print_report(runs, args)
     return 1 if any(r.error for r in runs) else 0
 
 

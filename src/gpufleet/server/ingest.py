@@ -49,7 +49,7 @@ class ReportIngestor:
         staleness_s: float,
         report_interval_s: float,
         max_group: int = 500,
-        writers: int = 1,
+        writers: int = 2,
         clock: Clock | None = None,
     ) -> None:
         self._db = db

@@ -18,6 +18,7 @@ from gpufleet.server.context import AppContext
 from gpufleet.server.db.engine import Database
 from gpufleet.server.demo import console_banner, prepare_demo
 from gpufleet.server.demo_slurm import SlurmDemo, start_lab, stop_lab
+from gpufleet.server.routers.agent import with_reports_fast_path
 from gpufleet.server.services.credentials import rotate_credentials
 from gpufleet.server.settings import ServerSettings, default_data_dir
 
@@ -39,7 +40,7 @@ def run_server(settings: ServerSettings | None = None) -> None:
     app = create_app(settings)
     print(f"gpufleet: serving on http://{settings.host}:{settings.port}", flush=True)
     uvicorn.run(
-        app,
+        with_reports_fast_path(app),  # agent reports skip the app's layers (routers/agent.py)
         host=settings.host,
         port=settings.port,
         log_level="warning",
@@ -152,7 +153,11 @@ def run_demo(*, port: int = 8080, data_dir: Path | None = None, slurm: bool = Fa
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run(
-            app, host=settings.host, port=settings.port, log_level="warning", access_log=False
+            with_reports_fast_path(app),
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            access_log=False,
         )
     finally:
         if lab is not None:

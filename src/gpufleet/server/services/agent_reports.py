@@ -12,9 +12,20 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    String,
+    Table,
+    any_,
+    bindparam,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import GpuSample, NodeReport, ReportAck, ReportBatch
@@ -34,7 +45,15 @@ from gpufleet.server.services.telemetry_history import (
     write_history,
 )
 
-_GPU_COLUMNS = list(cast(Table, GpuRow.__table__).columns)
+_GPU_TABLE = cast(Table, GpuRow.__table__)
+_GPU_COLUMNS = list(_GPU_TABLE.columns)
+_NODE_TABLE = cast(Table, NodeRow.__table__)
+# Core statements, built once: each GPU row is updated by primary key, the SET columns
+# taken from the parameters' keys (an executemany per shape of those keys).
+_UPDATE_GPU = update(_GPU_TABLE).where(_GPU_TABLE.c.id == bindparam("b_id"))
+_SELECT_GPUS = select(
+    _GPU_TABLE.c.node_id, _GPU_TABLE.c.id, _GPU_TABLE.c.uuid, _GPU_TABLE.c.index
+).where(_GPU_TABLE.c.removed_at.is_(None))
 
 
 @dataclass(frozen=True)
@@ -43,11 +62,20 @@ class PendingBatch:
     batch: ReportBatch
 
 
+class _Gpu(NamedTuple):
+    """What the report path needs of a GPU row: plain columns, no ORM object (eight of
+    these per report cost more to load as ``GpuRow`` objects than to write)."""
+
+    id: str
+    uuid: str
+    slot: int  # the GPU's index on the node
+
+
 @dataclass
 class _NodeWork:
     node: NodeRow
     project_id: str
-    gpus_by_uuid: dict[str, GpuRow]
+    gpus_by_uuid: dict[str, _Gpu]
     severities: list[Severity]
     last_seq: int
     updates: dict[str, Any] = field(default_factory=dict)
@@ -85,7 +113,8 @@ async def apply_report_batches(
     """
     # One query for every batch's token: a lookup per request would cost more than the
     # write. Refused nodes are left out, so they cannot come back to life by reporting.
-    nodes = await nodes_by_token_hash(session, token_hashes={i.token_hash for i in items})
+    pg = session.get_bind().dialect.name == "postgresql"
+    nodes = await _lock_nodes(session, token_hashes={i.token_hash for i in items}, pg=pg)
     work: dict[str, _NodeWork] = {}
     by_hash: dict[str, _NodeWork] = {}
     for token_hash, (node, project_id) in nodes.items():
@@ -99,13 +128,14 @@ async def apply_report_batches(
         work[node.id] = w
         by_hash[token_hash] = w
     if work:
-        for gpu in await session.scalars(
-            select(GpuRow).where(GpuRow.node_id.in_(list(work)), GpuRow.removed_at.is_(None))
+        ids = list(work)
+        for node_id, gpu_id, uuid, index in await session.execute(
+            _SELECT_GPUS.where(_one_of(_GPU_TABLE.c.node_id, ids, pg=pg))
         ):
-            work[gpu.node_id].gpus_by_uuid[gpu.uuid] = gpu
+            work[node_id].gpus_by_uuid[uuid] = _Gpu(gpu_id, uuid, index)
         for node_id, severity in await session.execute(
             select(FindingRow.node_id, FindingRow.severity).where(
-                FindingRow.node_id.in_(list(work)), FindingRow.cleared_at.is_(None)
+                _one_of(FindingRow.node_id, ids, pg=pg), FindingRow.cleared_at.is_(None)
             )
         ):
             work[node_id].severities.append(Severity(severity))
@@ -207,6 +237,74 @@ async def apply_report_batches(
     return results
 
 
+def _one_of(column: Any, ids: list[str], *, pg: bool) -> ColumnElement[bool]:
+    """``column IN ids``; on PostgreSQL ``= ANY(array)``: one statement text whatever the
+    group's size, so the driver's prepared statement is reused (an IN list is a new
+    statement, prepared again, for each length)."""
+    if pg:
+        return cast(ColumnElement[bool], column == any_(bindparam("ids", ids, type_=_ID_ARRAY)))
+    return cast(ColumnElement[bool], column.in_(ids))
+
+
+_ID_ARRAY = ARRAY(String())
+# What another writer may change in a node row that the report path reads.
+_LOCKED_COLUMNS = (
+    "last_report_seq",
+    "last_report_at",
+    "health",
+    "state",
+    "boot_id",
+    "hostname",
+    "serial",
+    "updated_at",
+)
+
+
+def _padded(token_hashes: set[str]) -> set[str]:
+    """The hashes and as many that name no node (no hash is empty or starts with ``-``)
+    as make their count a power of two: the lookup's ``IN`` list then has a handful of
+    lengths, not one per group size, and the driver reuses its prepared statements."""
+    size = 1 << max(0, len(token_hashes) - 1).bit_length()
+    return token_hashes | {f"-{i}" for i in range(size - len(token_hashes))}
+
+
+async def _lock_nodes(
+    session: AsyncSession, *, token_hashes: set[str], pg: bool
+) -> dict[str, tuple[NodeRow, str]]:
+    """The reporting nodes, by token hash; on PostgreSQL locked (``FOR UPDATE``, in id
+    order, so two writers never deadlock) until the group commits.
+
+    The lock is what makes a retry safe against a slow replica: without it both could
+    read the same ``last_report_seq``, both take the batch as fresh and both stage its
+    events (a health change twice); the guarded UPDATE would keep the seq right but not
+    the events. The nodes are found by token first (only ``node_callers`` does that),
+    then locked by id, reading the columns another writer may have changed in between;
+    if any did (rare: a write committed between the two statements), every node is read
+    again under the lock, refused states and tokens checked again."""
+    if pg:
+        token_hashes = _padded(token_hashes)
+    nodes = await nodes_by_token_hash(session, token_hashes=token_hashes)
+    if not nodes or not pg:
+        return nodes  # SQLite: one writer at a time, the transaction is the lock
+    by_id = {node.id: node for node, _ in nodes.values()}
+    table = _NODE_TABLE
+    locked = await session.execute(
+        select(table.c.id, *(table.c[c] for c in _LOCKED_COLUMNS))
+        .where(_one_of(table.c.id, sorted(by_id), pg=pg))
+        .order_by(table.c.id)
+        .with_for_update()
+    )
+    rows = locked.all()
+    same = len(rows) == len(by_id) and all(
+        tuple(row[1:]) == tuple(getattr(by_id[row[0]], c) for c in _LOCKED_COLUMNS) for row in rows
+    )
+    if same:
+        return nodes
+    for node in by_id.values():
+        session.expunge(node)  # read again below, as the lock left it
+    return await nodes_by_token_hash(session, token_hashes=token_hashes)
+
+
 def _booted(w: _NodeWork, *, boot_id: str, now: dt.datetime) -> dict[str, Any] | None:
     """Record a new kernel boot id (the proof a reboot happened); an event when the node
     had reported another one before."""
@@ -244,18 +342,21 @@ def _apply_latest(
     gpu_inserts: list[dict[str, Any]],
     events: list[dict[str, Any]],
 ) -> None:
-    by_index = {g.index: g for g in w.gpus_by_uuid.values()}
+    by_index: dict[int, _Gpu] | None = None  # built only when a GPU is new (rare)
     for sample in latest.gpus:
         values = _gpu_values(sample, latest.sampled_at)
         existing = w.gpus_by_uuid.get(sample.uuid)
         if existing is not None:
-            gpu_updates[existing.id] = {"id": existing.id, **values}
+            values["b_id"] = existing.id
+            gpu_updates[existing.id] = values
             continue
+        if by_index is None:
+            by_index = {g.slot: g for g in w.gpus_by_uuid.values()}
         replaced = by_index.get(sample.index)
         if replaced is not None and replaced.uuid != sample.uuid:
             # A different GPU in the same slot: the old one left (swap). Health follows the
             # hardware, so the new GPU starts clean and the old row keeps its history.
-            gpu_updates[replaced.id] = {"id": replaced.id, "removed_at": now}
+            gpu_updates[replaced.id] = {"b_id": replaced.id, "removed_at": now}
             del w.gpus_by_uuid[replaced.uuid]
             events.append(
                 _event(
@@ -282,7 +383,7 @@ def _apply_latest(
             removed_at=None,
             **values,
         )
-        w.gpus_by_uuid[sample.uuid] = row
+        w.gpus_by_uuid[sample.uuid] = _Gpu(row.id, row.uuid, row.index)
         gpu_inserts.append({c.key: getattr(row, c.key) for c in _GPU_COLUMNS})
 
 
@@ -302,6 +403,49 @@ def _event(
     }
 
 
+# PostgreSQL: the common shapes (a report's GPU samples, a node's seq and health) are
+# one UPDATE ... FROM unnest(arrays) per group instead of an executemany of a statement
+# per row: PostgreSQL plans and runs one statement, and the driver sends a dozen arrays.
+_SAMPLE_COLUMNS = (
+    ("index", "integer"),
+    ("utilization_pct", "float8"),
+    ("memory_used_mib", "float8"),
+    ("memory_total_mib", "float8"),
+    ("temperature_c", "float8"),
+    ("power_w", "float8"),
+    ("sm_clock_mhz", "float8"),
+    ("ecc_sbe_volatile", "bigint"),
+    ("ecc_dbe_volatile", "bigint"),
+    ("ecc_sbe_aggregate", "bigint"),
+    ("ecc_dbe_aggregate", "bigint"),
+    ("sampled_at", "timestamptz"),
+)
+_SAMPLE_SHAPE = tuple(sorted(["b_id", *(c for c, _ in _SAMPLE_COLUMNS)]))
+_PG_UPDATE_SAMPLES = text(
+    "UPDATE gpu SET "  # noqa: S608 - names from the constant above; values are bound
+    + ", ".join(f"{c} = v.{c}" for c, _ in _SAMPLE_COLUMNS)
+    + " FROM unnest(CAST(:b_id AS varchar[]), "
+    + ", ".join(f"CAST(:{c} AS {t}[])" for c, t in _SAMPLE_COLUMNS)
+    + ") AS v(b_id, "
+    + ", ".join(c for c, _ in _SAMPLE_COLUMNS)
+    + ") WHERE gpu.id = v.b_id"
+)
+_REPORT_SHAPE = ("health", "last_report_at", "last_report_seq")
+# Never move a node's sequence backwards, even if two replicas race.
+_PG_UPDATE_REPORTED = text(
+    "UPDATE node SET health = v.health, last_report_at = v.last_report_at, "
+    "last_report_seq = v.last_report_seq "
+    "FROM unnest(CAST(:b_id AS varchar[]), CAST(:health AS varchar[]), "
+    "CAST(:last_report_at AS timestamptz[]), CAST(:last_report_seq AS bigint[])) "
+    "AS v(b_id, health, last_report_at, last_report_seq) "
+    "WHERE node.id = v.b_id AND node.last_report_seq < v.last_report_seq"
+)
+
+
+def _arrays(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[Any]]:
+    return {k: [r[k] for r in rows] for k in keys}
+
+
 async def _write(
     session: AsyncSession,
     *,
@@ -310,16 +454,19 @@ async def _write(
     gpu_inserts: list[dict[str, Any]],
     events: list[dict[str, Any]],
 ) -> None:
+    pg = session.get_bind().dialect.name == "postgresql"
     # Node rows first, then GPU rows, each in id order: the same order as the findings
     # path (which locks the node, then writes its GPUs), so the two never deadlock.
     node_rows = sorted((w for w in work.values() if w.updates), key=lambda w: w.node.id)
     if node_rows:
         shapes_n: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
         for w in node_rows:
-            params = {"b_id": w.node.id, **{f"v_{k}": v for k, v in w.updates.items()}}
-            shapes_n[tuple(sorted(w.updates))].append(params)
-        table = cast(Table, NodeRow.__table__)
+            shapes_n[tuple(sorted(w.updates))].append({"b_id": w.node.id, **w.updates})
+        table = _NODE_TABLE
         for cols, rows_n in shapes_n.items():
+            if pg and cols == _REPORT_SHAPE:
+                await session.execute(_PG_UPDATE_REPORTED, _arrays(rows_n, ("b_id", *cols)))
+                continue
             stmt = (
                 update(table)
                 .where(table.c.id == bindparam("b_id"))
@@ -328,7 +475,8 @@ async def _write(
             if "last_report_seq" in cols:
                 # Never move a node's sequence backwards, even if two replicas race.
                 stmt = stmt.where(table.c.last_report_seq < bindparam("v_last_report_seq"))
-            await session.execute(stmt, rows_n)
+            params = [{"b_id": r["b_id"], **{f"v_{c}": r[c] for c in cols}} for r in rows_n]
+            await session.execute(stmt, params)
     if gpu_inserts:
         await session.execute(insert(GpuRow), gpu_inserts)
     if gpu_updates:
@@ -336,7 +484,10 @@ async def _write(
         shapes: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
         for _gpu_id, values in sorted(gpu_updates.items()):
             shapes[tuple(sorted(values))].append(values)
-        for rows in shapes.values():
-            await session.execute(update(GpuRow), rows)
+        for cols, rows in shapes.items():
+            if pg and cols == _SAMPLE_SHAPE:
+                await session.execute(_PG_UPDATE_SAMPLES, _arrays(rows, cols))
+            else:
+                await session.execute(_UPDATE_GPU, rows)
     if events:
         await session.execute(insert(EventRow), events)
