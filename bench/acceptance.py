@@ -42,7 +42,7 @@ import httpx
 from gpufleet.checks.aggregate import InvocationOutput, NodeInfo, judge_run
 from gpufleet.checks.models import CheckKind
 from gpufleet.checks.runners import Launcher, NodeTarget, normalise_params, plan_check
-from gpufleet.core.acceptance import DEFAULT_SUITE, canonical_json, content_hash
+from gpufleet.core.acceptance import canonical_json, content_hash, default_suite
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.enums import AcceptanceStage
 from gpufleet.core.gpu_models import DEFAULT_GPU_MODEL
@@ -213,7 +213,7 @@ def offline_report(size: int) -> tuple[int, int, float]:
     info = [NodeInfo(id=node.id, name=node.name) for node in nodes]
     targets = [NodeTarget(name=n, host=n, gpus=8) for n in names]
     checks: list[tuple[CheckEntry, CheckRunRow | None]] = []
-    for i, check in enumerate(DEFAULT_SUITE.checks):
+    for i, check in enumerate(default_suite().checks):
         kind = CheckKind(check.kind)
         raw = {**check.check_params(), "fabric": "NDR"}
         params = normalise_params(kind, raw, nodes=size)
@@ -249,7 +249,7 @@ def offline_report(size: int) -> tuple[int, int, float]:
         cluster_id="c",
         scope="cluster",
         trigger="provisioning",
-        suite=DEFAULT_SUITE.model_dump(mode="json"),
+        suite=default_suite().model_dump(mode="json"),
         created_by="bench",
         created_at=now,
         started_at=now,

@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from gpufleet.core.acceptance import DEFAULT_SUITE, canonical_json, content_hash
+from gpufleet.core.acceptance import canonical_json, content_hash, default_suite
 from gpufleet.core.enums import AcceptanceStage
 from gpufleet.server.db.tables import (
     AcceptanceRunRow,
@@ -141,7 +141,7 @@ def _report() -> tuple[dict[str, Any], list[tuple[CheckEntry, CheckRunRow | None
         cluster_id="c-1",
         scope="cluster",
         trigger="provisioning",
-        suite=DEFAULT_SUITE.model_dump(mode="json"),
+        suite=default_suite().model_dump(mode="json"),
         created_by="system:acceptance",
         created_at=T0,
         started_at=T0,

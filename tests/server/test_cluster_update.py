@@ -6,7 +6,7 @@ from __future__ import annotations
 from apihelpers import count_rows, create_cluster, create_project, error_of, member_client
 from sqlalchemy import select
 
-from gpufleet.core.acceptance import DEFAULT_SUITE
+from gpufleet.core.acceptance import default_suite
 from gpufleet.server.db.tables import AuditLogRow, EventRow
 from gpufleet.testing.app import RunningApp
 
@@ -45,7 +45,7 @@ async def test_opt_out_at_creation_is_an_event_and_an_audit_row(app: RunningApp)
     # A cluster that keeps its acceptance tests records no opt-out.
     other = await create_cluster(app.client, name="careful", acceptance_tests=True)
     assert other["acceptance_tests"] is True
-    assert other["acceptance_suite"] == DEFAULT_SUITE.model_dump(mode="json")
+    assert other["acceptance_suite"] == default_suite().model_dump(mode="json")
     events, _ = await _rows(app, other["id"])
     assert not [e for e in events if e.kind == "cluster.acceptance_opt_out"]
 
@@ -90,7 +90,7 @@ async def test_patch_changes_only_the_fields_given_and_records_each_change(
     response = await app.client.patch(
         f"/api/v1/clusters/{cluster['id']}", json={"acceptance_suite": None}
     )
-    assert response.json()["acceptance_suite"] == DEFAULT_SUITE.model_dump(mode="json")
+    assert response.json()["acceptance_suite"] == default_suite().model_dump(mode="json")
 
     events, audits = await _rows(app, cluster["id"])
     opt = [e for e in events if e.kind == "cluster.acceptance_opt_out"]

@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import json
 from enum import StrEnum
+from functools import cache
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -112,19 +113,24 @@ class AcceptanceSuite(BaseModel):
 # nccl is all_reduce_perf: at node scope one run per node over NVLink, at cluster scope
 # one run across the nodes over the fabric. ib-write-bw tests every HCA of each node
 # (client of one neighbour, server of the other).
-DEFAULT_SUITE = AcceptanceSuite(
-    checks=[
-        SuiteCheck(kind="dcgm-diag", params={"level": 3}),
-        SuiteCheck(kind="nccl"),
-        SuiteCheck(kind="ib-write-bw"),
-        SuiteCheck(kind="nccl", scope=AcceptanceScope.CLUSTER),
-    ]
-)
+@cache
+def default_suite() -> AcceptanceSuite:
+    """The suite a cluster runs until it sets its own (built on first use: building it
+    at import would build the models' validators in every process that imports them,
+    the CLI's included)."""
+    return AcceptanceSuite(
+        checks=[
+            SuiteCheck(kind="dcgm-diag", params={"level": 3}),
+            SuiteCheck(kind="nccl"),
+            SuiteCheck(kind="ib-write-bw"),
+            SuiteCheck(kind="nccl", scope=AcceptanceScope.CLUSTER),
+        ]
+    )
 
 
 def suite_or_default(value: dict[str, Any] | None) -> AcceptanceSuite:
     """The stored suite (JSON), or the default for a cluster that never set one."""
-    return DEFAULT_SUITE if not value else AcceptanceSuite.model_validate(value)
+    return default_suite() if not value else AcceptanceSuite.model_validate(value)
 
 
 class AcceptanceNode(BaseModel):

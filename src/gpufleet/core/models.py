@@ -8,7 +8,7 @@ from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.core.acceptance import DEFAULT_SUITE, AcceptanceSuite
+from gpufleet.core.acceptance import AcceptanceSuite, default_suite
 from gpufleet.core.enums import (
     ClusterStatus,
     EventKind,
@@ -142,7 +142,8 @@ class Cluster(_Domain):
     nodes: NodeCounts | None = None
     node_prefix: str = ""  # node names: <node_prefix><first_node_index + slot, 3 digits>
     first_node_index: int = 0
-    acceptance_suite: AcceptanceSuite = DEFAULT_SUITE  # run unless acceptance_tests is off
+    # Run unless acceptance_tests is off.
+    acceptance_suite: AcceptanceSuite = Field(default_factory=default_suite)
     status_detail: str = ""  # why the cluster is in its status, e.g. the node that failed
     # kubernetes: how its API server is reached; None for the other schedulers.
     scheduler_config: SchedulerConfig | None = None

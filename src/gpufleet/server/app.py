@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
-from fastapi.routing import APIRoute, iter_route_contexts
-from starlette.routing import BaseRoute
+from fastapi import FastAPI
+from fastapi.routing import APIRoute, _IncludedRouter, iter_route_contexts
+from starlette.routing import BaseRoute, Match, get_route_path
+from starlette.types import Scope
 
 from gpufleet import __version__
 from gpufleet.core.clock import Clock, SystemClock
@@ -204,6 +205,9 @@ def create_app(
     return app
 
 
+API_PREFIX = "/api/v1"
+
+
 @functools.cache
 def _route_table() -> tuple[BaseRoute, ...]:
     """Every route of the API, the probes and the console, built once per process.
@@ -212,47 +216,75 @@ def _route_table() -> tuple[BaseRoute, ...]:
     second for ours on a shared 2-core machine); the routes hold nothing of one app (they
     reach its state through the request), so every app of a process shares them: tests
     start hundreds of apps.
+
+    Each API module's router is included at the top (prefix ``/api/v1``), not inside one
+    ``/api/v1`` router, and behind a gate on its paths' literal prefixes (``_Gated``):
+    FastAPI matches an included router by trying every route in it, twice (once to find
+    it, once to hand the request on), so one ``/api/v1`` router tried all ~200 routes of
+    the API twice or three times a request (0.2-0.5 ms, a tenth of an agent report's time
+    in the app). Now a request tries only the routers whose paths can match it.
     """
     scratch = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    api = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
-    for module in (
-        auth,
-        projects,
-        tokens,
-        clusters,
-        nodes,
-        faults,
-        events,
-        findings,
-        repairs,
-        checks,
-        acceptance,
-        accounting,
-        reliability,
-        stacks,
-        rollouts,
-        health,
-        agent,
-        agent_commands,
-        node_commands,
-        users,
-        volumes,
-        audit,
-        access,
-        credentials,
-        hosts,
-        providers,
-        enrollment,
-        autoscale,
-    ):
-        api.include_router(module.router)
-    api.include_router(metrics.api_router)  # Prometheus's service discovery
-    api.include_router(prometheus.router)  # the per-project query proxy
     scratch.include_router(probes.router)
     scratch.include_router(metrics.router)  # GET /metrics, for Prometheus
-    scratch.include_router(api)
+    for router in (
+        auth.router,
+        projects.router,
+        tokens.router,
+        clusters.router,
+        nodes.router,
+        faults.router,
+        events.router,
+        findings.router,
+        repairs.router,
+        checks.router,
+        acceptance.router,
+        accounting.router,
+        reliability.router,
+        stacks.router,
+        rollouts.router,
+        health.router,
+        agent.router,
+        agent_commands.router,
+        node_commands.router,
+        users.router,
+        volumes.router,
+        audit.router,
+        access.router,
+        credentials.router,
+        hosts.router,
+        providers.router,
+        enrollment.router,
+        autoscale.router,
+        metrics.api_router,  # Prometheus's service discovery
+        prometheus.router,  # the per-project query proxy
+    ):
+        scratch.include_router(router, prefix=API_PREFIX, responses=ERROR_RESPONSES)
     install_console(scratch)  # the web console: pages and /static (server/web/)
-    return tuple(scratch.router.routes)
+    return tuple(_gated(route) for route in scratch.router.routes)
+
+
+class _Gated(_IncludedRouter):
+    """An included router that answers "no match" at once for a path none of its routes
+    can match: one that starts with none of their literal prefixes (the path up to its
+    first parameter). Otherwise FastAPI's own matching, unchanged."""
+
+    prefixes: tuple[str, ...] = ()
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http" and not get_route_path(scope).startswith(self.prefixes):
+            return Match.NONE, {}
+        return super().matches(scope)
+
+
+def _gated(route: BaseRoute) -> BaseRoute:
+    if not isinstance(route, _IncludedRouter):
+        return route
+    gated = _Gated(original_router=route.original_router, include_context=route.include_context)
+    gated.prefixes = tuple(
+        sorted({(c.path_format or "/").partition("{")[0] for c in iter_route_contexts([route])})
+    )
+    return gated
 
 
 def _hoist_body_defs(app: FastAPI) -> None:
