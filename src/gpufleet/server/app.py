@@ -12,7 +12,8 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute, _IncludedRouter, iter_route_contexts
-from starlette.routing import BaseRoute, Match, get_route_path
+from starlette._utils import get_route_path
+from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
 from gpufleet import __version__
