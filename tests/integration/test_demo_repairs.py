@@ -32,11 +32,11 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         args=["demo", "--port", str(port), "--data-dir", str(tmp_path / "demo")],
         env={
             "GPUFLEET_DATABASE_URL": "",
-            # Faults come faster than in the demo, so the test needs no inject: ~2.7 a
-            # minute over the 128 GPUs (at 10 a GPU-day, ~0.9: several minutes' wait for
-            # one that makes a non-removal repair, up to the deadline when unlucky). No
-            # jobs and no broken hardware, so the first repair is quick and fixes the node.
-            "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "30",
+            # Faults come faster than in the demo, so the test needs no inject: ~5 a
+            # minute over the 128 GPUs (at 30 a GPU-day, ~2.7: the wait for one that makes
+            # a non-removal repair was most of the test; at 10, several minutes). No jobs
+            # and no broken hardware, so the first repair is quick and fixes the node.
+            "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "60",
             # The check tools 1,000× faster than real (the demo's own: 100×).
             "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.001",
             "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
@@ -44,6 +44,9 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
             # Agents report every second, not ten: a simulated agent takes a command at
             # its next report, and acceptance is several commands a node, one at a time.
             "GPUFLEET_REPORT_INTERVAL_S": "1",
+            # Machines boot and reboot in seconds (the demo's: 2-6 s and 5-15 s).
+            "GPUFLEET_SIM_PROVISION_DELAY_S": "[1.0, 2.0]",
+            "GPUFLEET_SIM_REBOOT_DELAY_S": "[2.0, 4.0]",
         },
         log_path=tmp_path / "demo.log",
     )
@@ -55,15 +58,16 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
         # The demo's 16 nodes share one leaf switch: three of them failing before the
         # planner looks (it leaves a cluster in acceptance alone) is one incident for the
         # switch, not a node repair. Background faults are dense here, so this test's
-        # policy counts a whole leaf failing as an incident only.
+        # policy counts a whole leaf failing as an incident only, and a repaired node is
+        # watched for 3 s before re-acceptance, not 30.
         headers = {"Authorization": f"Bearer {token}"}
         policy_url = f"{url}/api/v1/projects/demo/repair-policy"
         policy = httpx.get(policy_url, headers=headers, timeout=30).json()
         body = {k: v for k, v in policy.items() if k in RepairPolicyRequest.model_fields}
         put = httpx.put(policy_url, headers=headers, timeout=30,
-                        json={**body, "incident_min_nodes": 17})  # fmt: skip
+                        json={**body, "incident_min_nodes": 17, "verify_settle_s": 3})  # fmt: skip
         assert put.status_code == 200, put.text
-        # Background faults keep coming while a repair runs (~2 % chance of a second one
+        # Background faults keep coming while a repair runs (~4 % chance of a second one
         # on the same node within the repair): verification then rightly fails. That
         # one reason, shown by a finding first seen after the approval, earns another
         # try with the next recommendation; any other failure fails the test.

@@ -121,7 +121,7 @@ def console(port: int, idp: str, tmp_path_factory: pytest.TempPathFactory) -> It
             policy = api.put("/api/v1/projects/demo/repair-policy", json=FAST_POLICY)
             assert policy.status_code == 200, policy.text
             cluster = api.get("/api/v1/clusters", params={"name": "demo"}).json()["items"][0]
-            # The demo runs acceptance on 16 nodes first: about 20 s alone, minutes when the
+            # The demo runs acceptance on 16 nodes first: seconds alone, a minute when the
             # machine is shared (a readiness wait, not a timing).
             deadline = time.monotonic() + 240
             while True:
