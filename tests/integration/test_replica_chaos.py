@@ -18,6 +18,11 @@ starts it again, for ``CHAOS_S``. Then every replica is up and, per node:
 * exactly its GPUs in the store, once each (a report applied by two replicas at once
   would insert them twice).
 
+And every loop's lease (``lease`` rows, sampled through the chaos by PostgreSQL's clock)
+changed hands, and none stayed expired longer than its loop's interval plus a replica's
+start (the time it may take until some replica is up to take it): a killed replica's
+loops move to another one.
+
 And the CLI, given four URLs of which the first is dead, lists the nodes.
 """
 
@@ -57,6 +62,10 @@ CHAOS_S = 24.0
 KILL_EVERY_S = (1.0, 2.5)  # the pause before each kill, drawn from the seeded generator
 WRITE_EVERY_S = 1.0  # a kernel-log line to one agent's log
 REPLICAS, NODES, GPUS = 3, 3, 8
+LEASE_TTL_S = 5.0
+# How long a lease may stay expired past its loop's interval: until some replica serves
+# (all but the one killed may be starting again: a start takes seconds on 2 shared cores).
+START_ALLOWANCE_S = 15.0
 SECRET_KEY = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="  # 32 bytes: shared by replicas
 
 # name → (signature, PCI address as the finding carries it, the kernel-log message).
@@ -169,6 +178,43 @@ class Chaos:
 
 
 @dataclass
+class LeaseWatch:
+    """Samples the lease table: per lease, how far past its expiry it stayed before it
+    was renewed or taken (seconds, by PostgreSQL's clock), and how often it changed hands."""
+
+    dsn: str
+    overdue_s: dict[str, float] = field(default_factory=dict)
+    handovers: Counter[str] = field(default_factory=Counter)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        tokens: dict[str, str] = {}
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.wait(0.2):
+                rows = conn.execute(
+                    "SELECT name, token, EXTRACT(EPOCH FROM now() - expires_at) FROM lease"
+                ).fetchall()
+                for name, token, past in rows:
+                    if name in tokens and tokens[name] != token:
+                        self.handovers[name] += 1
+                    tokens[name] = token
+                    self.overdue_s[name] = max(self.overdue_s.get(name, 0.0), float(past))
+
+
+def _loop_intervals(url: str, token: str) -> dict[str, float]:
+    """Each loop's interval, from a replica's /metrics (``loop:<name>`` is its lease)."""
+    got = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    got.raise_for_status()
+    text = got.text
+    return {
+        f"loop:{m.group(1)}": float(m.group(2))
+        for m in re.finditer(
+            r'^gpufleet_loop_interval_seconds\{loop="([^"]+)"\} (\S+)$', text, re.MULTILINE
+        )
+    }
+
+
+@dataclass
 class Stack:
     replicas: list[Replica]
     owner: str
@@ -201,7 +247,7 @@ def stack(tmp_path: Path, pg_template: PostgresTemplate) -> Iterator[Stack]:
             "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
             "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
             "GPUFLEET_REPORT_INTERVAL_S": "1.0",
-            "GPUFLEET_LEASE_TTL_S": "5",
+            "GPUFLEET_LEASE_TTL_S": str(LEASE_TTL_S),
         }
         proc = ServerProcess(args=["server"], env=env, log_path=tmp_path / f"server{i}.log")
         replicas.append(Replica(i, proc, f"http://127.0.0.1:{port}"))
@@ -313,8 +359,11 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
     # Chaos: kills in a thread; kernel-log lines from here at a steady pace.
     chaos = Chaos(stack.replicas, random.Random(rng.random()))
     killer = threading.Thread(target=chaos.run, name="chaos", daemon=True)
+    leases = LeaseWatch(stack.pg_dsn)
+    watcher = threading.Thread(target=leases.run, name="leases", daemon=True)
     chaos_started = time.monotonic()
     killer.start()
+    watcher.start()
     lines = 0
     try:
         while time.monotonic() - chaos_started < CHAOS_S:
@@ -333,6 +382,11 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
     for replica in stack.replicas:
         replica.proc.wait_ready(replica.url, timeout_s=60)
     assert all(r.ready() for r in stack.replicas)
+    # Every lease renewed or taken over since (one interval of each loop, at most a few s).
+    time.sleep(LEASE_TTL_S)  # real sleep: past the expiry of a lease held at the last kill
+    leases.stop.set()
+    watcher.join(timeout=10)
+    intervals = _loop_intervals(stack.replicas[0].url, stack.owner)
     phase("replicas back")
 
     # Everything delivered: the agents' spools empty, nothing dropped.
@@ -444,7 +498,19 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
         f"miscounted {miscounted}; wall {time.monotonic() - started:.1f} s "
         f"(after the first replica was up; s by phase: {phases})"
     )
+    late = {
+        name: round(past, 1)
+        for name, past in leases.overdue_s.items()
+        if past > intervals[name] + START_ALLOWANCE_S
+    }
+    print(
+        f"leases: {sum(leases.handovers.values())} handovers "
+        f"({dict(sorted(leases.handovers.items()))}); longest past expiry, s: "
+        f"{ {n: round(v, 1) for n, v in sorted(leases.overdue_s.items())} }"
+    )
     assert sum(chaos.kills.values()) >= CHAOS_S / KILL_EVERY_S[1] / 2  # "many", on a slow day
+    assert set(leases.overdue_s) == set(intervals), (set(leases.overdue_s), set(intervals))
+    assert sum(leases.handovers.values()) > 0 and not late, (leases.handovers, late)
     assert not lost and not duplicated and not miscounted
     assert len(chains) == NODES and backwards == 0 and broken == 0, chains
     assert all(gpus.get(n["id"]) == (GPUS, GPUS) for n in nodes), gpus
