@@ -24,7 +24,7 @@ from typing import Annotated, Any, Generic, TypeVar
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
-from sqlalchemy import or_, select
+from sqlalchemy import bindparam, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.errors import Forbidden, NotFound, Unauthorized
@@ -207,35 +207,42 @@ async def _project(session: AsyncSession, ref: str) -> Scope | None:
     return None if found is None else Scope(found)
 
 
+# The resolvers' statements are built once (an object's project is looked up on most
+# requests, and building a statement and its cache key cost more than running it).
+_CLUSTER_PROJECT = select(ClusterRow.project_id).where(ClusterRow.id == bindparam("ref"))
+_NODE_PROJECT = (
+    select(ClusterRow.project_id)
+    .join(NodeRow, NodeRow.cluster_id == ClusterRow.id)
+    .where(NodeRow.id == bindparam("ref"))
+)
+
+
 async def _cluster(session: AsyncSession, ref: str) -> Scope | None:
     if not is_id(ref):
         return None
-    found = await session.scalar(select(ClusterRow.project_id).where(ClusterRow.id == ref))
+    found = await session.scalar(_CLUSTER_PROJECT, {"ref": ref})
     return None if found is None else Scope(found)
 
 
 async def _node(session: AsyncSession, ref: str) -> Scope | None:
     if not is_id(ref):
         return None
-    found = await session.scalar(
-        select(ClusterRow.project_id)
-        .join(NodeRow, NodeRow.cluster_id == ClusterRow.id)
-        .where(NodeRow.id == ref)
-    )
+    found = await session.scalar(_NODE_PROJECT, {"ref": ref})
     return None if found is None else Scope(found)
 
 
 def _in_cluster(row: Any) -> Resolver:
     """For objects that belong to one cluster (repairs, check runs, commands...)."""
+    query = (
+        select(ClusterRow.project_id)
+        .join(row, row.cluster_id == ClusterRow.id)
+        .where(row.id == bindparam("ref"))
+    )
 
     async def resolve(session: AsyncSession, ref: str) -> Scope | None:
         if not is_id(ref):
             return None
-        found = await session.scalar(
-            select(ClusterRow.project_id)
-            .join(row, row.cluster_id == ClusterRow.id)
-            .where(row.id == ref)
-        )
+        found = await session.scalar(query, {"ref": ref})
         return None if found is None else Scope(found)
 
     return resolve

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.clock import utcnow
@@ -133,36 +133,37 @@ async def load_memberships(session: AsyncSession, *, user_id: str) -> dict[str, 
     return {m.project_id: Role(m.role) for m in rows}
 
 
+# The token, its user and the user's memberships in one statement of plain columns (no
+# ORM objects to build): every API request starts here, and on PostgreSQL each statement
+# is a round trip. Built once: building the expression and its cache key each request
+# cost more than running it.
+_CALLER_BY_TOKEN = (
+    select(
+        ApiTokenRow.id,
+        ApiTokenRow.revoked_at,
+        ApiTokenRow.expires_at,
+        ApiTokenRow.last_used_at,
+        ApiTokenRow.project_id,
+        ApiTokenRow.role,
+        UserRow.id.label("user_id"),
+        UserRow.name.label("user_name"),
+        UserRow.is_owner,
+        MembershipRow.project_id.label("member_of"),
+        MembershipRow.role.label("member_role"),
+    )
+    .outerjoin(UserRow, UserRow.id == ApiTokenRow.user_id)
+    .outerjoin(MembershipRow, MembershipRow.user_id == ApiTokenRow.user_id)
+    .where(ApiTokenRow.token_hash == bindparam("token_hash"))
+)
+
+
 async def resolve_caller(
     session: AsyncSession, *, token: str, source_ip: str | None = None
 ) -> Caller:
     """The caller behind a bearer token, or ``Unauthorized``."""
     if not token.startswith(API_TOKEN_PREFIX):
         raise Unauthorized("not an API token (node tokens only work on agent endpoints)")
-    # The token, its user and the user's memberships in one statement of plain columns
-    # (no ORM objects to build): every API request starts here, and on PostgreSQL each
-    # statement is a round trip.
-    t, u, m = ApiTokenRow, UserRow, MembershipRow
-    found = (
-        await session.execute(
-            select(
-                t.id,
-                t.revoked_at,
-                t.expires_at,
-                t.last_used_at,
-                t.project_id,
-                t.role,
-                u.id.label("user_id"),
-                u.name.label("user_name"),
-                u.is_owner,
-                m.project_id.label("member_of"),
-                m.role.label("member_role"),
-            )
-            .outerjoin(u, u.id == t.user_id)
-            .outerjoin(m, m.user_id == t.user_id)
-            .where(ApiTokenRow.token_hash == hash_token(token))
-        )
-    ).all()
+    found = (await session.execute(_CALLER_BY_TOKEN, {"token_hash": hash_token(token)})).all()
     now = utcnow()
     row = found[0] if found else None
     if row is None or row.revoked_at is not None:
@@ -175,7 +176,9 @@ async def resolve_caller(
     memberships = {r.member_of: Role(r.member_role) for r in found if r.member_of is not None}
     # last_used_at at minute resolution: one write per token per minute, not per request.
     if row.last_used_at is None or (now - row.last_used_at) > dt.timedelta(minutes=1):
-        await session.execute(update(t).where(t.id == row.id).values(last_used_at=now))
+        await session.execute(
+            update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now)
+        )
     return Caller(
         user_id=row.user_id,
         user_name=row.user_name,
