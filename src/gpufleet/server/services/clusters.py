@@ -6,7 +6,7 @@ import datetime as dt
 import hashlib
 from collections.abc import Sequence
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -89,6 +89,22 @@ def cluster_row_to_cluster(row: ClusterRow, *, counts: NodeCounts | None = None)
     )
 
 
+# Built once; each node's live GPUs in the same statement: one round trip for every cluster.
+_NODE_COUNTS = select(
+    NodeRow.cluster_id,
+    NodeRow.state,
+    NodeRow.health,
+    NodeRow.last_report_at,
+    select(func.count(GpuRow.id))
+    .where(GpuRow.node_id == NodeRow.id, GpuRow.removed_at.is_(None))
+    .correlate(NodeRow)
+    .scalar_subquery(),
+).where(
+    NodeRow.cluster_id.in_(bindparam("cluster_ids", expanding=True)),
+    NodeRow.state != NodeState.REMOVED.value,
+)
+
+
 async def count_nodes(
     session: AsyncSession, *, cluster_ids: Sequence[str], staleness_s: float, now: dt.datetime
 ) -> dict[str, NodeCounts]:
@@ -99,19 +115,7 @@ async def count_nodes(
     gpus = dict.fromkeys(cluster_ids, 0)
     if not cluster_ids:
         return {}
-    # Each node's live GPUs in the same statement (an index probe per node): one round
-    # trip for the counts of every listed cluster.
-    live_gpus = (
-        select(func.count(GpuRow.id))
-        .where(GpuRow.node_id == NodeRow.id, GpuRow.removed_at.is_(None))
-        .correlate(NodeRow)
-        .scalar_subquery()
-    )
-    rows = await session.execute(
-        select(
-            NodeRow.cluster_id, NodeRow.state, NodeRow.health, NodeRow.last_report_at, live_gpus
-        ).where(NodeRow.cluster_id.in_(cluster_ids), NodeRow.state != NodeState.REMOVED.value)
-    )
+    rows = await session.execute(_NODE_COUNTS, {"cluster_ids": list(cluster_ids)})
     for cluster_id, state, health, last_report_at, node_gpus in rows:
         h = shown_health(
             Health(health), last_report_at=last_report_at, now=now, staleness_s=staleness_s
