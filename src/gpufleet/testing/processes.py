@@ -27,7 +27,9 @@ def free_port() -> int:
 
 def fast_sim_server_env(*, data_dir: Path, port: int, token_file: Path) -> dict[str, str]:
     """``gpufleet server`` settings for a sim fleet that moves in seconds: quick boots and
-    reboots, no background jobs or faults (a drain is over at once), fast loops."""
+    reboots, no background jobs or faults (a drain is over at once), fast loops, and loop
+    leases of 5 s (a server restarted after a crash waits for its dead self's leases to
+    expire before its loops run: 15 s by default)."""
     return {
         "GPUFLEET_DATA_DIR": str(data_dir),
         "GPUFLEET_DATABASE_URL": "",
@@ -44,6 +46,7 @@ def fast_sim_server_env(*, data_dir: Path, port: int, token_file: Path) -> dict[
         "GPUFLEET_CHECK_INTERVAL_S": "0.3",
         "GPUFLEET_AUTOSCALE_INTERVAL_S": "0.3",
         "GPUFLEET_REPORT_INTERVAL_S": "0.5",
+        "GPUFLEET_LEASE_TTL_S": "5",
     }
 
 
