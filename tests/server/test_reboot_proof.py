@@ -10,6 +10,7 @@ from typing import Any
 
 from gpufleet.providers.base import Instance, InstanceState, ProvisionRequest
 from gpufleet.providers.sim.driver import SimProvider
+from gpufleet.server.db.tables import RepairRow
 from gpufleet.sim.models import sim_boot_id
 from gpufleet.testing.fleet import SimFleet, sim_fleet
 
@@ -93,6 +94,54 @@ async def test_a_provider_that_says_yes_and_does_nothing_fails_the_repair(
         node = await fleet.node("train-000")
         assert node["boot_id"] == first
         assert node["state"] != "in_service"  # never back in service on the BMC's word
+
+
+async def test_a_reboot_asked_just_before_a_crash_is_not_asked_again_while_it_reboots(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The server asked for the reboot and died before recording the ask (the crash test's
+    ``repair.acting.after_call``). Restarted while the machine is still rebooting, its agent
+    silent: asking again would reboot it twice. The step waits for the new boot id."""
+    async with sim_fleet(database_url, tmp_path, size=2) as fleet:
+        instance_id = fleet.instance_id("train-000")
+        provider = fleet.app.ctx.drivers.provider("sim")
+        assert isinstance(provider, SimProvider)
+        asked: list[str] = []
+        real_reboot = provider.reboot
+
+        async def reboot(iid: str) -> None:
+            asked.append(iid)
+            await real_reboot(iid)
+
+        provider.reboot = reboot  # type: ignore[method-assign]
+        repair_id = (await _reboot_repair(fleet, "train-000"))["repair"]["id"]
+
+        async def called() -> bool:
+            return "called_at" in await _progress(fleet, repair_id)
+
+        await fleet.until(called, ticks=30, seconds=1.0, what="the reboot asked")
+        assert asked == [instance_id]
+        # The crash: the ask happened, its record did not.
+        async with fleet.app.ctx.db.transaction() as session:
+            row = await session.get(RepairRow, repair_id)
+            assert row is not None and row.progress is not None
+            row.progress = {k: v for k, v in row.progress.items() if k != "called_at"}
+        ended = await fleet.until(
+            lambda: _status_in(fleet, repair_id, "failed", "succeeded"),
+            ticks=200,
+            seconds=1.0,
+            what="the repair to end",
+        )
+        assert ended["status"] == "succeeded", ended
+        assert asked == [instance_id], "asked to reboot twice"
+        assert fleet.world.reboot_count(instance_id) == 1
+
+
+async def _progress(fleet: SimFleet, repair_id: str) -> dict[str, Any]:
+    async with fleet.app.ctx.db.session() as session:
+        row = await session.get(RepairRow, repair_id)
+        assert row is not None
+        return dict(row.progress or {})
 
 
 async def _boot_id_is(fleet: SimFleet, node: str, boot_id: str) -> bool:

@@ -5,7 +5,8 @@ Every provider call is guarded by what ``progress`` recorded before it was made:
 ``requested_at`` (and the node's kernel boot id then, ``boot_id_before``) is written
 before the provider is asked, and after a crash a changed boot id (or, for a node whose
 agent reports none, the machine's ``booted_at``) says whether the reboot already
-happened, so it is never asked twice. A failover's replacement has the repair id as its
+happened; until the node either boots again or reports its old boot id well after the
+request (``REBOOT_TAKES_HOLD_S``), the step waits, so a machine is never asked twice. A failover's replacement has the repair id as its
 idempotency key.
 
 A reboot or reprovision is done when the machine proves it: its agent reports a new
@@ -42,6 +43,10 @@ from gpufleet.server.workers.repairs.context import (
     close_findings,
     parse_ts,
 )
+
+# A machine told to reboot (or reinstall) stops its agent within this: a report of the
+# old boot id received later says the ask never reached it.
+REBOOT_TAKES_HOLD_S = 15.0
 
 
 async def act(ctx: RepairContext, loaded: LoadedRepair) -> None:
@@ -90,6 +95,13 @@ def _booted_again(loaded: LoadedRepair) -> str | None:
     return None
 
 
+def _reported_after(loaded: LoadedRepair, requested: dt.datetime) -> bool:
+    """The node reported (its old boot id) well after ``requested``: a reboot asked for
+    then would have stopped its agent by that report."""
+    last = loaded.node.last_report_at
+    return last is not None and last >= requested + dt.timedelta(seconds=REBOOT_TAKES_HOLD_S)
+
+
 def _proves_by_boot_id(loaded: LoadedRepair) -> bool:
     return isinstance(loaded.progress.get("boot_id_before"), str)
 
@@ -117,16 +129,24 @@ async def _restart(ctx: RepairContext, loaded: LoadedRepair, action: RepairActio
             if await _mark_requested(ctx, loaded) is None:
                 return
             ctx.failpoints.hit("repair.acting.before_call")
-        elif action is not RepairAction.RESET_GPU and (
-            _booted_again(loaded) is not None
-            or (
+        elif action is not RepairAction.RESET_GPU:
+            if _booted_again(loaded) is not None or (
                 not _proves_by_boot_id(loaded)
                 and _booted_since(await provider.get_instance(instance_id), requested)
-            )
-        ):
-            # Crashed between asking and recording it: the new boot says it happened.
-            await ctx.note(loaded, f"{action.value} already under way", called_at=ctx.now_iso())
-            return
+            ):
+                # Crashed between asking and recording it: the new boot says it happened.
+                await ctx.note(loaded, f"{action.value} already under way", called_at=ctx.now_iso())
+                return
+            if _proves_by_boot_id(loaded) and not _reported_after(loaded, requested):
+                # Crashed between recording the request and recording the ask, and the
+                # agent has not reported its old boot id since the ask would have taken
+                # hold: the machine may be rebooting now. Asking again would reboot it
+                # twice; its next boot id says which (new: done; old: never asked).
+                if (ctx.clock.now() - requested).total_seconds() > loaded.policy.verify_timeout_s:
+                    await ctx.fail(
+                        loaded, f"machine neither rebooted nor reported after {action.value}"
+                    )
+                return
         try:
             await _call(ctx, loaded, provider, action, instance_id)
         except (DriverError, InvalidInput) as exc:
