@@ -181,6 +181,8 @@ def stack(database_url: str, tmp_path: Path) -> Iterator[Stack]:
         "GPUFLEET_SIM_PROVISION_DELAY_S": "[0.2, 0.5]",
         "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0",
         "GPUFLEET_RECONCILE_INTERVAL_S": "0.2",
+        # The restarted server takes its dead self's loop leases after 5 s, not 15.
+        "GPUFLEET_LEASE_TTL_S": "5",
         "GPUFLEET_REPORT_INTERVAL_S": "1.0",
     }
     url = f"http://127.0.0.1:{port}"

@@ -31,6 +31,8 @@ def server(database_url: str, tmp_path: Path) -> Iterator[tuple[ServerProcess, s
         "GPUFLEET_SIM_AGENTS": "true",
         "GPUFLEET_SIM_PROVISION_DELAY_S": "[1.5, 9.0]",
         "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
+        # The restarted server takes its dead self's loop leases after 5 s, not 15.
+        "GPUFLEET_LEASE_TTL_S": "5",
         "GPUFLEET_REPORT_INTERVAL_S": "1.0",
     }
     proc = ServerProcess(args=["server"], env=env, log_path=tmp_path / "server.log")
