@@ -6,8 +6,8 @@ Every provider call is guarded by what ``progress`` recorded before it was made:
 before the provider is asked, and after a crash a changed boot id (or, for a node whose
 agent reports none, the machine's ``booted_at``) says whether the reboot already
 happened; until the node either boots again or reports its old boot id well after the
-request (``REBOOT_TAKES_HOLD_S``), the step waits, so a machine is never asked twice. A failover's replacement has the repair id as its
-idempotency key.
+request (``REBOOT_TAKES_HOLD_S``), the step waits, so a machine is never asked twice. A
+failover's replacement has the repair id as its idempotency key.
 
 A reboot or reprovision is done when the machine proves it: its agent reports a new
 kernel boot id. A BMC or cloud API answering is only the request being taken.
