@@ -247,3 +247,34 @@ async def test_a_failover_keeps_the_token_its_replacement_was_launched_with(
         node = await fleet.node("train-000")
         assert node["provider_instance_id"] not in (None, old) and node["state"] == "in_service"
         assert len(first_asks) == 1  # one replacement asked for
+
+
+async def test_a_fault_between_the_boot_and_the_server_seeing_it_fails_the_reboot(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A GPU falls off the bus right after the machine boots, before its first report
+    tells the server the reboot is done: the log line is older than the moment the step
+    saw the new boot, yet newer than the ask. The repair fails on it (a CI run once waited
+    on "7/8 GPUs" until the test gave up)."""
+    async with sim_fleet(database_url, tmp_path, size=2) as fleet:
+        instance_id = fleet.instance_id("train-000")
+        repair_id = (await _reboot_repair(fleet, "train-000"))["repair"]["id"]
+
+        async def called() -> bool:
+            return "called_at" in await _progress(fleet, repair_id)
+
+        await fleet.until(called, ticks=30, seconds=1.0, what="the reboot asked")
+        sim = fleet.world.get_instance(instance_id)
+        assert sim is not None
+        # Past the boot without a step of the agents: the machine is up, nobody knows yet.
+        fleet.clock.advance((sim.ready_at - fleet.clock.now()).total_seconds() + 1)
+        fleet.world.inject_fault(instance_id, signature_id="xid-79", gpu_index=3)
+        ended = await fleet.until(
+            lambda: _status_in(fleet, repair_id, "failed", "succeeded"),
+            ticks=60,
+            seconds=1.0,
+            what="the repair to end",
+        )
+        assert ended["status"] == "failed", ended
+        assert "xid-79" in ended["detail"] and "first seen after the reboot" in ended["detail"]
+        assert fleet.world.reboot_count(instance_id) == 1

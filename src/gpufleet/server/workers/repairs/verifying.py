@@ -1,14 +1,14 @@
 """The verifying step (verifying → succeeded | failed): a repaired node must prove itself
 before it takes work again.
 
-It must report after the action with every GPU and no critical finding seen again, for
-``verify_settle_s``, within ``verify_timeout_s``. Then, when the action started the
-machine again (reboot, reprovision, failover), the cluster's startup scripts run on it;
-then, unless the cluster opted out, the node is in ``acceptance`` while the node-level
-part of the acceptance suite runs on it (re-acceptance). Then gpufleet's own drain is
-undone (never anyone else's) and the node is back in service; otherwise — a finding
-back, no report in time, a failed startup script, a failed re-acceptance — the repair
-fails loudly, the node stays cordoned and the planner recommends the next rung.
+It must report after the action with every GPU and no critical finding new or seen
+again since, for ``verify_settle_s``, within ``verify_timeout_s``. Then, when the action
+started the machine again (reboot, reprovision, failover), the cluster's startup scripts
+run on it; then, unless the cluster opted out, the node is in ``acceptance`` while the
+node-level part of the acceptance suite runs on it (re-acceptance). Then gpufleet's own
+drain is undone (never anyone else's) and the node is back in service; otherwise — a
+finding back, no report in time, a failed startup script, a failed re-acceptance — the
+repair fails loudly, the node stays cordoned and the planner recommends the next rung.
 
 The startup and acceptance runs are made in the transaction that records their ids in
 ``progress``, so a crash never starts either twice; the acceptance loop carries them out.
@@ -67,13 +67,15 @@ _RESTARTS = {
 }
 
 
-def still_bad(finding: FindingRow, *, acted: dt.datetime) -> bool:
-    """A finding that says the repair did not work: seen again after the action, or one
-    that clears by itself (metric, state) and has not (a log line from before the repair
-    stays open until the repair is verified)."""
+def still_bad(finding: FindingRow, *, acted: dt.datetime, asked: dt.datetime) -> bool:
+    """A finding that says the repair did not work: first seen after the machine was
+    asked to act (``asked``: a fault since the reboot, even one the node logged before the
+    control plane saw it back at ``acted``), seen again after the action, or one that
+    clears by itself (metric, state) and has not (a log line from before the repair stays
+    open until the repair is verified)."""
     if finding.severity not in _BAD:
         return False
-    if finding.last_seen > acted:
+    if finding.first_seen > asked or finding.last_seen > acted:
         return True
     signature = get_signature(finding.signature_id)
     clears_on_repair = signature is not None and signature.clear is not None and (
@@ -109,12 +111,16 @@ async def verify(ctx: RepairContext, loaded: LoadedRepair) -> None:
             )
             or 0
         )
-    recurred = [f for f in findings if still_bad(f, acted=acted)]
+    # The request is the earliest the action could take effect: a fault that began after
+    # it is the machine's state after the repair, not before.
+    asked = min(parse_ts(loaded.progress.get("requested_at")) or acted, acted)
+    recurred = [f for f in findings if still_bad(f, acted=acted, asked=asked)]
     if recurred:
         worst = recurred[0]
+        how = "first seen" if worst.first_seen > asked else "seen again"
         await ctx.fail(
             loaded,
-            f"verification failed: {worst.signature_id} ({worst.title}) seen again "
+            f"verification failed: {worst.signature_id} ({worst.title}) {how} "
             f"after the {repair.action}",
         )
         return
