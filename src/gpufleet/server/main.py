@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -33,11 +34,30 @@ def configure_logging(level: str = "INFO") -> None:
     )
 
 
+async def freeze_startup_heap(_ctx: AppContext) -> None:
+    """Once the server has started, move everything alive then out of the garbage
+    collector's sight (``gc.freeze``): modules, classes, the signature catalog, the
+    validators, the loops and the sim world live as long as the process, yet every full
+    collection walked them again. Measured on the API reads bench: a full collection took
+    80-130 ms every few seconds per process, and every request in flight waited for it
+    (that was the p99). After the freeze a full collection walks only what came later.
+
+    A process-wide act, so only the entry points (one app per process) ask for it, not
+    ``create_app``: a test process builds many apps. Scheduled for the loop's next turn,
+    after the lifespan has started the loops and the sim."""
+    asyncio.get_running_loop().call_soon(_freeze)
+
+
+def _freeze() -> None:
+    gc.collect()
+    gc.freeze()
+
+
 def run_server(settings: ServerSettings | None = None) -> None:
     """Serve until interrupted. Settings come from ``GPUFLEET_*`` when not given."""
     settings = settings or ServerSettings()
     configure_logging()
-    app = create_app(settings)
+    app = create_app(settings, startup_hooks=[freeze_startup_heap])
     print(f"gpufleet: serving on http://{settings.host}:{settings.port}", flush=True)
     uvicorn.run(
         with_reports_fast_path(app),  # agent reports skip the app's layers (routers/agent.py)
@@ -146,7 +166,7 @@ def run_demo(*, port: int = 8080, data_dir: Path | None = None, slurm: bool = Fa
             flush=True,
         )
 
-    app = create_app(settings, startup_hooks=[announce])
+    app = create_app(settings, startup_hooks=[announce, freeze_startup_heap])
     if lab is not None:
         # uvicorn re-raises SIGTERM once it has shut down; exit through ``finally`` then,
         # so the lab stops too, instead of dying by the signal's default action.
