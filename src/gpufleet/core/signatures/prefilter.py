@@ -23,6 +23,7 @@ literals); every engine reports the same findings.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Literal, Protocol
 
@@ -146,32 +147,46 @@ class PythonLineFinder:
         return sorted(starts)
 
 
-class HyperscanLineFinder:
-    """All literals in one Hyperscan block-mode database; one C pass per chunk."""
+class _CompiledLiterals:
+    """Literals compiled into one Hyperscan block-mode database, scanned in one C pass.
 
-    name = "hyperscan"
+    Scratch space is per thread: the agent's follower and a scan may share the compiled
+    program (and this database) from different threads."""
 
-    def __init__(self, tokens: tuple[bytes, ...]) -> None:
+    def __init__(self, literals: list[bytes], flags: list[int] | int) -> None:
         if _hs is None:
             raise RuntimeError("the hyperscan engine needs the hyperscan package")
         self._hs = _hs
         self._db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
         self._db.compile(
-            expressions=list(tokens),
-            ids=list(range(len(tokens))),
-            elements=len(tokens),
-            flags=0,
+            expressions=literals,
+            ids=list(range(len(literals))),
+            elements=len(literals),
+            flags=flags,
             literal=True,
         )
-        # Scratch space is per thread: the agent's follower and a scan may share the
-        # compiled program (and this database) from different threads.
         self._local = threading.local()
 
-    def _scratch(self) -> object:
+    def _scan(self, buf: bytes, end: int, on_match: Callable[..., None]) -> None:
+        """Call ``on_match(id, from, to, flags, context)`` for every literal match in
+        ``buf[:end]``."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = self._hs.Scratch(self._db)
-        return scratch
+        view = memoryview(buf)[:end]
+        try:
+            self._db.scan(view, scratch=scratch, match_event_handler=on_match)
+        finally:
+            view.release()
+
+
+class HyperscanLineFinder(_CompiledLiterals):
+    """All literals in one Hyperscan database; one C pass per chunk."""
+
+    name = "hyperscan"
+
+    def __init__(self, tokens: tuple[bytes, ...]) -> None:
+        super().__init__(list(tokens), 0)
 
     def line_starts(self, buf: bytes, end: int) -> list[int]:
         if end <= 0:
@@ -182,15 +197,11 @@ class HyperscanLineFinder:
         def on_match(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
             record(to)
 
-        view = memoryview(buf)[:end]
-        try:
-            self._db.scan(view, scratch=self._scratch(), match_event_handler=on_match)
-        finally:
-            view.release()
+        self._scan(buf, end, on_match)
         return _starts_of(buf, end, ends)
 
 
-class HitFinder:
+class HitFinder(_CompiledLiterals):
     """The matcher stage: the lines holding one of the regexes' required literals.
 
     ``literals`` are (bytes, caseless) pairs; the lines of those with an index at or
@@ -203,27 +214,13 @@ class HitFinder:
     name = "hyperscan"
 
     def __init__(self, literals: tuple[tuple[bytes, bool], ...], *, first_marked: int) -> None:
-        if _hs is None:
-            raise RuntimeError("the hyperscan engine needs the hyperscan package")
         if any(b"\n" in lit or not lit for lit, _ in literals):
             raise ValueError("matcher literals must be non-empty, one line")
-        self._hs = _hs
-        self._first_marked = first_marked
-        self._db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        self._db.compile(
-            expressions=[lit for lit, _ in literals],
-            ids=list(range(len(literals))),
-            elements=len(literals),
-            flags=[_hs.HS_FLAG_CASELESS if caseless else 0 for _, caseless in literals],
-            literal=True,
+        caseless = 0 if _hs is None else _hs.HS_FLAG_CASELESS
+        super().__init__(
+            [lit for lit, _ in literals], [caseless if nocase else 0 for _, nocase in literals]
         )
-        self._local = threading.local()
-
-    def _scratch(self) -> object:
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None:
-            scratch = self._local.scratch = self._hs.Scratch(self._db)
-        return scratch
+        self._first_marked = first_marked
 
     def hits(self, buf: bytes, end: int) -> tuple[list[int], list[int]]:
         """Sorted, distinct starts of the lines of ``buf[:end]`` holding any literal, and
@@ -239,11 +236,7 @@ class HitFinder:
             if lit >= first_marked:
                 marked.append(to)
 
-        view = memoryview(buf)[:end]
-        try:
-            self._db.scan(view, scratch=self._scratch(), match_event_handler=on_match)
-        finally:
-            view.release()
+        self._scan(buf, end, on_match)
         return _starts_of(buf, end, ends), _starts_of(buf, end, marked)
 
 
