@@ -19,6 +19,8 @@ from apihelpers import (
 
 from gpufleet.core.clock import FakeClock
 from gpufleet.server.app import build_loops
+from gpufleet.server.db.tables import ClusterRow, NodeRow
+from gpufleet.server.services.health import refresh_cluster_health
 from gpufleet.server.workers.health import HealthLoop
 from gpufleet.testing.app import RunningApp
 
@@ -249,3 +251,39 @@ async def test_silent_node_with_critical_finding_stays_unhealthy(
     clock.advance(STALENESS_S + 1)
     await _health_loop(app).run_once()
     assert await _health(app, node["id"]) == "unhealthy"
+
+
+async def test_cluster_health_counts_a_silent_node_unknown_before_the_loop_marks_it(
+    clocked_app: RunningApp, clock: FakeClock
+) -> None:
+    """The cluster's health is counted in the database (stored health × silence), yet a
+    node still stored healthy but silent past the staleness counts as unknown."""
+    app = clocked_app
+    await create_project(app.client, "ml")
+    a, b = await _fleet(app, size=2)
+    for node in (a, b):
+        await send_report(app, node["token"], report_batch(1))
+    await run_loops(app)
+    clock.advance(STALENESS_S / 2)
+    await send_report(app, b["token"], report_batch(2))  # a goes silent
+    clock.advance(STALENESS_S / 2 + 1)
+    async with app.ctx.db.transaction() as session:
+        cluster = await session.get(ClusterRow, a["cluster_id"])
+        assert cluster is not None and cluster.health == "healthy"
+        silent = await session.get(NodeRow, a["id"])
+        assert silent is not None and silent.health == "healthy"  # not marked yet
+        changed = await refresh_cluster_health(
+            session, cluster=cluster, staleness_s=STALENESS_S, now=clock.now()
+        )
+    assert changed
+    cluster_now = (await app.client.get(f"/api/v1/clusters/{a['cluster_id']}")).json()
+    assert cluster_now["health"] == "unhealthy"  # 1 of 2 unknown: half not known fine
+    await send_report(app, a["token"], report_batch(2))
+    async with app.ctx.db.transaction() as session:
+        cluster = await session.get(ClusterRow, a["cluster_id"])
+        assert cluster is not None
+        await refresh_cluster_health(
+            session, cluster=cluster, staleness_s=STALENESS_S, now=clock.now()
+        )
+    cluster_now = (await app.client.get(f"/api/v1/clusters/{a['cluster_id']}")).json()
+    assert cluster_now["health"] == "healthy"

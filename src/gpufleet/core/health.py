@@ -49,9 +49,14 @@ def shown_health(
     The health loop writes ``unknown`` within one pass; this closes the gap between
     passes so a stale node is never shown healthy. Unhealthy stays unhealthy.
     """
-    if stored is Health.UNHEALTHY:
-        return stored
-    if is_stale(last_report_at=last_report_at, now=now, staleness_s=staleness_s):
+    return silenced(
+        stored, silent=is_stale(last_report_at=last_report_at, now=now, staleness_s=staleness_s)
+    )
+
+
+def silenced(stored: Health, *, silent: bool) -> Health:
+    """``shown_health`` of a node whose silence is already judged (by a query)."""
+    if silent and stored is not Health.UNHEALTHY:
         return Health.UNKNOWN
     return stored
 
