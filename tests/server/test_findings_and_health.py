@@ -162,21 +162,30 @@ def _health_loop(app: RunningApp) -> HealthLoop:
     return next(loop for loop in build_loops(app.ctx) if isinstance(loop, HealthLoop))
 
 
-async def test_silent_node_becomes_unknown_and_recovers(
-    clocked_app: RunningApp, clock: FakeClock
-) -> None:
-    app = clocked_app
+async def _one_goes_silent(
+    app: RunningApp, clock: FakeClock
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two nodes report and the cluster is healthy; then b keeps reporting and a goes
+    silent just past the staleness (no health pass since)."""
     await create_project(app.client, "ml")
     a, b = await _fleet(app, size=2)
     for node in (a, b):
         await send_report(app, node["token"], report_batch(1))
     await run_loops(app)
-    cluster_id = a["cluster_id"]
-    assert (await app.client.get(f"/api/v1/clusters/{cluster_id}")).json()["health"] == "healthy"
-
+    cluster = (await app.client.get(f"/api/v1/clusters/{a['cluster_id']}")).json()
+    assert cluster["health"] == "healthy"
     clock.advance(STALENESS_S / 2)
-    await send_report(app, b["token"], report_batch(2))  # b keeps reporting; a goes silent
+    await send_report(app, b["token"], report_batch(2))
     clock.advance(STALENESS_S / 2 + 1)
+    return a, b
+
+
+async def test_silent_node_becomes_unknown_and_recovers(
+    clocked_app: RunningApp, clock: FakeClock
+) -> None:
+    app = clocked_app
+    a, b = await _one_goes_silent(app, clock)
+    cluster_id = a["cluster_id"]
     health_loop = _health_loop(app)
     await health_loop.run_once()
 
@@ -259,14 +268,7 @@ async def test_cluster_health_counts_a_silent_node_unknown_before_the_loop_marks
     """The cluster's health is counted in the database (stored health × silence), yet a
     node still stored healthy but silent past the staleness counts as unknown."""
     app = clocked_app
-    await create_project(app.client, "ml")
-    a, b = await _fleet(app, size=2)
-    for node in (a, b):
-        await send_report(app, node["token"], report_batch(1))
-    await run_loops(app)
-    clock.advance(STALENESS_S / 2)
-    await send_report(app, b["token"], report_batch(2))  # a goes silent
-    clock.advance(STALENESS_S / 2 + 1)
+    a, _b = await _one_goes_silent(app, clock)
     async with app.ctx.db.transaction() as session:
         cluster = await session.get(ClusterRow, a["cluster_id"])
         assert cluster is not None and cluster.health == "healthy"

@@ -116,10 +116,7 @@ async def test_a_reboot_asked_just_before_a_crash_is_not_asked_again_while_it_re
         provider.reboot = reboot  # type: ignore[method-assign]
         repair_id = (await _reboot_repair(fleet, "train-000"))["repair"]["id"]
 
-        async def called() -> bool:
-            return "called_at" in await _progress(fleet, repair_id)
-
-        await fleet.until(called, ticks=30, seconds=1.0, what="the reboot asked")
+        await _until_asked(fleet, repair_id)
         assert asked == [instance_id]
         # The crash: the ask happened, its record did not.
         async with fleet.app.ctx.db.transaction() as session:
@@ -135,6 +132,15 @@ async def test_a_reboot_asked_just_before_a_crash_is_not_asked_again_while_it_re
         assert ended["status"] == "succeeded", ended
         assert asked == [instance_id], "asked to reboot twice"
         assert fleet.world.reboot_count(instance_id) == 1
+
+
+async def _until_asked(fleet: SimFleet, repair_id: str) -> None:
+    """Tick until the repair has asked the provider (its ``called_at`` recorded)."""
+
+    async def called() -> bool:
+        return "called_at" in await _progress(fleet, repair_id)
+
+    await fleet.until(called, ticks=30, seconds=1.0, what="the reboot asked")
 
 
 async def _progress(fleet: SimFleet, repair_id: str) -> dict[str, Any]:
@@ -260,10 +266,7 @@ async def test_a_fault_between_the_boot_and_the_server_seeing_it_fails_the_reboo
         instance_id = fleet.instance_id("train-000")
         repair_id = (await _reboot_repair(fleet, "train-000"))["repair"]["id"]
 
-        async def called() -> bool:
-            return "called_at" in await _progress(fleet, repair_id)
-
-        await fleet.until(called, ticks=30, seconds=1.0, what="the reboot asked")
+        await _until_asked(fleet, repair_id)
         sim = fleet.world.get_instance(instance_id)
         assert sim is not None
         # Past the boot without a step of the agents: the machine is up, nobody knows yet.
