@@ -123,11 +123,8 @@ async def test_a_reboot_asked_just_before_a_crash_is_not_asked_again_while_it_re
             row = await session.get(RepairRow, repair_id)
             assert row is not None and row.progress is not None
             row.progress = {k: v for k, v in row.progress.items() if k != "called_at"}
-        ended = await fleet.until(
-            lambda: _status_in(fleet, repair_id, "failed", "succeeded"),
-            ticks=200,
-            seconds=1.0,
-            what="the repair to end",
+        ended = await _until_ended(
+            fleet, repair_id, ticks=200, seconds=1.0, what="the repair to end"
         )
         assert ended["status"] == "succeeded", ended
         assert asked == [instance_id], "asked to reboot twice"
@@ -152,6 +149,19 @@ async def _progress(fleet: SimFleet, repair_id: str) -> dict[str, Any]:
 
 async def _boot_id_is(fleet: SimFleet, node: str, boot_id: str) -> bool:
     return bool((await fleet.node(node)).get("boot_id") == boot_id)
+
+
+async def _until_ended(
+    fleet: SimFleet, repair_id: str, *, ticks: int, what: str, seconds: float | None = None
+) -> dict[str, Any]:
+    """Tick until the repair succeeded or failed; the repair as it ended."""
+    ended: dict[str, Any] = await fleet.until(
+        lambda: _status_in(fleet, repair_id, "succeeded", "failed"),
+        ticks=ticks,
+        seconds=seconds,
+        what=what,
+    )
+    return ended
 
 
 async def _status_in(fleet: SimFleet, repair_id: str, *wanted: str) -> dict[str, Any] | None:
@@ -192,11 +202,7 @@ async def test_a_reprovision_by_relaunch_moves_the_node_onto_the_new_machine(
         )
         assert response.status_code in (200, 201, 202), response.text
         repair_id = response.json()["repair"]["id"]
-        done = await fleet.until(
-            lambda: _status_in(fleet, repair_id, "succeeded", "failed"),
-            ticks=300,
-            what="the reprovision",
-        )
+        done = await _until_ended(fleet, repair_id, ticks=300, what="the reprovision")
         assert done["status"] == "succeeded", done
         node = await fleet.node("train-000")
         assert node["provider_instance_id"] not in (None, old), node
@@ -243,12 +249,7 @@ async def test_a_failover_keeps_the_token_its_replacement_was_launched_with(
         )
         assert response.status_code in (200, 201, 202), response.text
         repair_id = response.json()["repair"]["id"]
-        done = await fleet.until(
-            lambda: _status_in(fleet, repair_id, "succeeded", "failed"),
-            ticks=300,
-            seconds=5.0,
-            what="the failover",
-        )
+        done = await _until_ended(fleet, repair_id, ticks=300, seconds=5.0, what="the failover")
         assert done["status"] == "succeeded", done
         node = await fleet.node("train-000")
         assert node["provider_instance_id"] not in (None, old) and node["state"] == "in_service"
@@ -272,11 +273,8 @@ async def test_a_fault_between_the_boot_and_the_server_seeing_it_fails_the_reboo
         # Past the boot without a step of the agents: the machine is up, nobody knows yet.
         fleet.clock.advance((sim.ready_at - fleet.clock.now()).total_seconds() + 1)
         fleet.world.inject_fault(instance_id, signature_id="xid-79", gpu_index=3)
-        ended = await fleet.until(
-            lambda: _status_in(fleet, repair_id, "failed", "succeeded"),
-            ticks=60,
-            seconds=1.0,
-            what="the repair to end",
+        ended = await _until_ended(
+            fleet, repair_id, ticks=60, seconds=1.0, what="the repair to end"
         )
         assert ended["status"] == "failed", ended
         assert "xid-79" in ended["detail"] and "first seen after the reboot" in ended["detail"]
