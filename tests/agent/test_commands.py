@@ -273,3 +273,27 @@ def test_recovery_never_kills_a_reused_pid(tmp_path: Path) -> None:
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_recovery_after_a_reboot_kills_nothing(tmp_path: Path) -> None:
+    """A new kernel boot id (read from the agent's ``boot_id_file``) says nothing of the
+    earlier run survived: a process with the recorded pid now is someone else's."""
+    boot_id_file = tmp_path / "boot_id"
+    boot_id_file.write_text("11111111-aaaa\n")
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        journal = CommandJournal(tmp_path / "state", boot_id_file=boot_id_file)
+        cmd = command(["sleep", "300"])
+        journal.begin(cmd, boot_id="agent-1")
+        journal.started(cmd.id, pid=stranger.pid)
+        entry = journal.load(cmd.id)
+        assert entry is not None and entry["kernel_boot_id"] == "11111111-aaaa"
+        boot_id_file.write_text("22222222-bbbb\n")  # the machine booted again
+        again = CommandJournal(tmp_path / "state", boot_id_file=boot_id_file)
+        assert again.recover(boot_id="agent-2") == [cmd.id]
+        assert stranger.poll() is None
+        [result] = again.results()
+        assert result.error == AGENT_RESTARTED
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -60,9 +60,13 @@ def new_boot_id() -> str:
     return uuid.uuid4().hex
 
 
-def kernel_boot_id() -> str | None:
+KERNEL_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def kernel_boot_id(path: Path = KERNEL_BOOT_ID) -> str | None:
+    """The kernel's boot id (new on every boot), or None where it cannot be read."""
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+        return path.read_text().strip() or None
     except OSError:
         return None
 
@@ -70,8 +74,9 @@ def kernel_boot_id() -> str | None:
 class CommandJournal:
     """Commands this node took and the server has not acknowledged a result for."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, boot_id_file: Path = KERNEL_BOOT_ID) -> None:
         self.dir = state_dir / COMMANDS_DIR
+        self.boot_id_file = boot_id_file
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def _path(self, command_id: str) -> Path:
@@ -116,7 +121,7 @@ class CommandJournal:
             {
                 "command": command.model_dump(mode="json"),
                 "boot_id": boot_id,
-                "kernel_boot_id": kernel_boot_id(),
+                "kernel_boot_id": kernel_boot_id(self.boot_id_file),
                 "state": "starting",
             },
         )
@@ -162,7 +167,7 @@ class CommandJournal:
             entry = self.load(command_id)
             if entry is None or entry.get("state") == "done":
                 continue
-            killed = _kill_leftover(entry)
+            killed = _kill_leftover(entry, boot=kernel_boot_id(self.boot_id_file))
             error = AGENT_RESTARTED + (f" (killed process group {killed})" if killed else "")
             result = CommandResult(
                 id=command_id,
@@ -177,7 +182,9 @@ class CommandJournal:
         return recovered
 
 
-def _kill_leftover(entry: dict[str, Any], *, proc: Path = Path("/proc")) -> int | None:
+def _kill_leftover(
+    entry: dict[str, Any], *, boot: str | None, proc: Path = Path("/proc")
+) -> int | None:
     """SIGKILL the process group an earlier agent's command left, if it is still ours:
     same kernel boot, and its leader is the very process started (pid and start time),
     or the leader is gone and its group lives on (a group id is not reused while any
@@ -185,7 +192,7 @@ def _kill_leftover(entry: dict[str, Any], *, proc: Path = Path("/proc")) -> int 
     pid = entry.get("pid")
     if not isinstance(pid, int) or pid <= 1:
         return None
-    if entry.get("kernel_boot_id") != kernel_boot_id():
+    if entry.get("kernel_boot_id") != boot:
         return None  # the node rebooted: nothing of it survived
     leader_start = proc_start_time(pid, proc=proc)
     if leader_start is not None:

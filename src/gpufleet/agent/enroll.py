@@ -57,9 +57,9 @@ async def obtain_node_token(
         return settings.read_token()  # raises the ValueError that names both settings
     own = http is None
     client = http or httpx.AsyncClient(timeout=settings.request_timeout_s)
-    request = EnrollRequest(
-        hostname=settings.hostname, boot_id=boot_id if boot_id is not None else kernel_boot_id()
-    )
+    if boot_id is None:
+        boot_id = kernel_boot_id(settings.boot_id_file)
+    request = EnrollRequest(hostname=settings.hostname, boot_id=boot_id)
     delay = settings.retry_initial_s
     try:
         while not stop.is_set():

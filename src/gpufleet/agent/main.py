@@ -213,7 +213,7 @@ def build_agent(
         hostname=settings.hostname,
         serial=node_serial(),
         agent_version=AGENT_VERSION,
-        boot_id=kernel_boot_id(),
+        boot_id=kernel_boot_id(settings.boot_id_file),
         software=read_software(agent=AGENT_VERSION),
     )
     # The node's state in gpufleet is the server's word of this run, never one left from
@@ -249,7 +249,7 @@ def build_command_channel(settings: AgentSettings, client: AgentClient) -> Comma
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     return CommandChannel(
         client,
-        CommandJournal(settings.state_dir),
+        CommandJournal(settings.state_dir, boot_id_file=settings.boot_id_file),
         boot_id=new_boot_id(),
         concurrency=settings.command_concurrency,
         wait_s=settings.command_wait_s,

@@ -214,6 +214,14 @@ class AgentSettings(MetricsSettings):
         default=(),
         description="IB devices to skip (restricted PFs on DGX/GB200 spam ACCESS_REG errors).",
     )
+    boot_id_file: Path = Field(
+        default=Path("/proc/sys/kernel/random/boot_id"),
+        description=(
+            "Where the kernel's boot id is read: a new one after a reboot is what proves a "
+            "repair's reboot happened. Another path only where the host's /proc is mounted "
+            "elsewhere, or for a stand-in machine."
+        ),
+    )
     sim_gpus: int = Field(
         default=8, ge=0, le=64, description="GPUs the sim collector pretends to have."
     )
