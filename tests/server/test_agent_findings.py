@@ -16,6 +16,8 @@ from apihelpers import (
 )
 
 from gpufleet.core.clock import utcnow
+from gpufleet.server.db.tables import NodeRow
+from gpufleet.server.services.findings import close_findings_for_repair
 from gpufleet.testing.app import RunningApp
 
 UUID0 = "GPU-00000000-0000-0000-0000-000000000000"
@@ -176,3 +178,34 @@ async def test_bad_finding_input_is_refused_and_writes_nothing(app: RunningApp) 
     dup = await post(app, token, change(1), change(1, state="cleared"))
     assert dup.status_code == 409 and dup.json()["error"]["field"] == "seq"
     assert await findings(app, cluster=cluster["id"]) == []
+
+
+async def test_a_finding_the_server_closed_mid_episode_opens_again_counting_what_came_after(
+    app: RunningApp,
+) -> None:
+    """A repair closes the node's findings when it acts; the agent (even rebooted) goes
+    on counting its open episode. The next sighting opens a new finding that counts only
+    the lines after the close, and folds on from there; the episode's clear ends it."""
+    cluster, token, node = await one_node(app)
+    t0 = utcnow() - dt.timedelta(minutes=5)
+    opened = change(1, signature="xid-43", severity="info", count=2, at=t0)
+    assert (await post(app, token, opened)).json()["accepted"] == 1
+    async with app.ctx.db.session() as session, session.begin():
+        row = await session.get(NodeRow, node["id"])
+        assert row is not None
+        closed = await close_findings_for_repair(
+            session, node=row, project_id=cluster["project_id"], actor="repair:r1",
+            why="closed by repair r1", now=utcnow(),
+        )  # fmt: skip
+        assert len(closed) == 1
+    again = {**change(2, signature="xid-43", severity="info", count=3, at=t0)}
+    again["last_seen"] = utcnow().isoformat()
+    assert (await post(app, token, again)).json()["accepted"] == 1
+    rows = sorted(await findings(app, cluster=cluster["id"]), key=lambda f: f["cleared_at"] or "~")
+    assert [(r["count"], r["cleared_at"] is None) for r in rows] == [(2, False), (1, True)]
+    assert (await post(app, token, {**again, "seq": 3, "count": 5})).json()["accepted"] == 1
+    [reopened] = await findings(app, cluster=cluster["id"], open="true")
+    assert reopened["count"] == 3  # lines 3, 4 and 5 of the episode
+    cleared = {**again, "seq": 4, "count": 5, "state": "cleared"}
+    assert (await post(app, token, cleared)).json()["accepted"] == 1
+    assert await findings(app, cluster=cluster["id"], open="true") == []

@@ -370,6 +370,9 @@ class FindingRow(Base):
     source: Mapped[str] = mapped_column(String(16))
     evidence: Mapped[str] = mapped_column(Text)
     count: Mapped[int] = mapped_column(Integer, default=1)
+    # The agent's running count of this episode when this finding opened: what findings
+    # of the same episode the server closed meanwhile counted (0 for a new episode).
+    count_offset: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     first_seen: Mapped[dt.datetime]
     last_seen: Mapped[dt.datetime]
     cleared_at: Mapped[dt.datetime | None]

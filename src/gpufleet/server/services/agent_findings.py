@@ -5,12 +5,19 @@ one, so a replay after a timeout or a spool replay after an outage changes nothi
 The whole batch, the node's new health and the events commit in one transaction; the
 findings service folds, opens and clears (the agent's running count: a fold keeps the
 larger count), the node health service writes the health.
+
+A finding the server closed while the agent's episode went on (a repair closes the
+node's findings when it acts; the agent, even rebooted, keeps counting the episode it
+has open) opens again at the next sighting, counting only what came after: the agent's
+running count less what the closed findings of that episode counted (kept on the new
+finding as its ``count_offset``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gpufleet.core.agent_protocol import FindingAck, FindingBatch, FindingReport, FindingState
@@ -50,12 +57,14 @@ async def apply_finding_batch(
     actor = f"node:{node.name}"
     for change in fresh:
         if change.state is FindingState.OPEN:
+            open_row = open_rows.get(change.key)
+            counted = 0 if open_row is not None else await _counted_before(session, node.id, change)
             open_rows[change.key] = open_or_fold_finding(
                 session,
                 node=node,
                 project_id=project_id,
-                open_row=open_rows.get(change.key),
-                sighting=_sighting(change),
+                open_row=open_row,
+                sighting=_sighting(change, counted=counted),
                 actor=actor,
                 now=now,
             )
@@ -93,7 +102,22 @@ async def apply_finding_batch(
     )
 
 
-def _sighting(change: FindingReport) -> Sighting:
+async def _counted_before(session: AsyncSession, node_id: str, change: FindingReport) -> int:
+    """What the closed findings of this agent episode (same key, same first sighting)
+    counted: the server closed them while the episode went on. Asked only when a change
+    opens a finding, never for a fold."""
+    counted = await session.scalar(
+        select(func.coalesce(func.sum(FindingRow.count), 0)).where(
+            FindingRow.node_id == node_id,
+            FindingRow.fold_key == change.key,
+            FindingRow.first_seen == change.first_seen,
+            FindingRow.cleared_at.is_not(None),
+        )
+    )
+    return int(counted or 0)
+
+
+def _sighting(change: FindingReport, *, counted: int = 0) -> Sighting:
     return Sighting(
         key=change.key,
         signature_id=change.signature_id,
@@ -105,6 +129,7 @@ def _sighting(change: FindingReport) -> Sighting:
         last_seen=change.last_seen,
         # The agent's detector counts the episode itself and re-sends its running count.
         running_count=change.count,
+        counted_before=counted,
         gpu_uuid=change.gpu_uuid,
         gpu_index=change.gpu_index,
         pci_bus_id=change.pci_bus_id,

@@ -50,6 +50,9 @@ class Sighting:
     # The reporter's own running count of this episode (the agent's detector), or None:
     # this sighting is one more occurrence (an active check that failed again).
     running_count: int | None = None
+    # For an agent's sighting that opens a finding: what findings of the same episode the
+    # server closed before counted (its running count goes on from there).
+    counted_before: int = 0
     gpu_uuid: str | None = None
     gpu_index: int | None = None
     pci_bus_id: str | None = None
@@ -105,7 +108,12 @@ def open_or_fold_finding(
         severity=sighting.severity.value,
         source=sighting.source.value,
         evidence=sighting.evidence,
-        count=1 if sighting.running_count is None else sighting.running_count,
+        count=(
+            1
+            if sighting.running_count is None
+            else max(1, sighting.running_count - sighting.counted_before)
+        ),
+        count_offset=sighting.counted_before,
         first_seen=sighting.first_seen,
         last_seen=sighting.last_seen,
         cleared_at=None,
@@ -139,7 +147,7 @@ def _fold(row: FindingRow, sighting: Sighting) -> None:
     if sighting.running_count is None:
         row.count += 1
     else:
-        row.count = max(row.count, sighting.running_count)
+        row.count = max(row.count, sighting.running_count - row.count_offset)
     row.last_seen = max(row.last_seen, sighting.last_seen)
     row.evidence = sighting.evidence or row.evidence
     row.severity = worse(Severity(row.severity), sighting.severity).value
