@@ -207,6 +207,39 @@ def test_recorded_outputs_fold_onto_nodes_and_gpus() -> None:
     assert "==> dcgm-1 on gpu-001: dcgmi diag -r 1 -j (exit 226) <==" in verdict.raw_output
 
 
+def test_a_plan_placed_by_scheduler_names_folds_onto_the_nodes_they_alias() -> None:
+    """A bare-metal node of a Slurm cluster is its host's Slurm node (``lab-001``), not
+    gpufleet's name (``metal-000``): the plan places it by the former, srun -w included,
+    and the verdict lands on the node all the same."""
+    slurm = [NodeTarget(f"lab-00{i + 1}", f"lab-00{i + 1}", 8) for i in range(2)]
+    infos = [
+        NodeInfo(id=f"id-{i}", name=f"metal-00{i}", aliases=(t.name,)) for i, t in enumerate(slurm)
+    ]
+    plan = plan_check(
+        CheckKind.DCGM_DIAG,
+        nodes=slurm,
+        params=normalise_params(CheckKind.DCGM_DIAG, {"level": 1}, nodes=2),
+        launcher=Launcher.SRUN,
+    )
+    assert [i.launcher[-2:] for i in plan.invocations] == [("lab-001", "--overlap"),
+                                                           ("lab-002", "--overlap")]  # fmt: skip
+    good = (FIXTURES / "dcgm3-r1-8gpu-from-dcgm-test.txt").read_text()
+    verdict = judge_run(
+        plan,
+        {i.id: InvocationOutput(i.id, stdout=good, exit_code=0) for i in plan.invocations},
+        nodes=infos,
+        gpu_model=H100,
+        fabric=None,
+        expected_gpus=None,
+    )
+    nodes = verdict.result["nodes"]
+    assert {k: (v["name"], v["outcome"]) for k, v in nodes.items()} == {
+        "id-0": ("metal-000", "pass"),
+        "id-1": ("metal-001", "pass"),
+    }
+    assert verdict.outcome == "pass" and verdict.judged_nodes == {"id-0", "id-1"}
+
+
 @pytest.mark.parametrize(
     ("output", "code"),
     [

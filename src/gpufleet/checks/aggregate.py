@@ -118,10 +118,11 @@ def judge_run(
     for n in nodes:
         for alias in n.aliases:
             by_name.setdefault(alias, n)
+    placed = {name for inv in plan.invocations for name in inv.nodes}
     node_out: dict[str, dict[str, Any]] = {
         n.id: {"name": n.name, "outcome": "pass", "reasons": [], "figures": {}, "gpus": {}}
         for n in nodes
-        if any(n.name in inv.nodes for inv in plan.invocations)
+        if placed & {n.name, *n.aliases}
     }
     run_reasons: list[dict[str, Any]] = []
     invocations: list[dict[str, Any]] = []

@@ -34,9 +34,22 @@ def fabric_of(loaded: Loaded, settings: CheckSettings) -> str | None:
     return str(fabric) if fabric else None
 
 
+def names_of(node: NodeRow) -> tuple[str, ...]:
+    """The names a check's invocations may give the node: gpufleet's, and the
+    scheduler's (a bare-metal node of a Slurm cluster is its host's Slurm node)."""
+    return tuple(dict.fromkeys(n for n in (node.name, node.scheduler_name) if n))
+
+
+def ids_by_name(loaded: Loaded) -> dict[str, str]:
+    """Node id by every name a check's invocations may give the node."""
+    return {name: n.id for n in loaded.nodes.values() for name in names_of(n)}
+
+
 def target_of(loaded: Loaded, node: NodeRow) -> NodeTarget:
+    """The node as its check's plan places it: by its scheduler's name (what srun -w and
+    a reservation take), reached at its host."""
     return NodeTarget(
-        name=node.name,
+        name=node.scheduler_name or node.name,
         host=node.hostname or node.scheduler_name or node.name,
         gpus=node.expected_gpus or loaded.cluster.gpus_per_node,
     )
@@ -74,7 +87,7 @@ def job_of(loaded: Loaded, *, plan: CheckPlan, now: dt.datetime) -> BackendJob:
         run_id=loaded.run.id,
         cluster_id=loaded.cluster.id,
         plan=plan,
-        node_ids={n.name: n.id for n in loaded.nodes.values()},
+        node_ids=ids_by_name(loaded),
         forced=loaded.run.forced,
         now=now,
     )
@@ -84,7 +97,7 @@ def evidence_tails(
     loaded: Loaded, *, plan: CheckPlan, outputs: dict[str, InvocationOutput]
 ) -> dict[str, str]:
     """The end of each judged node's output, by node id."""
-    by_name = {n.name: n.id for n in loaded.nodes.values()}
+    by_name = ids_by_name(loaded)
     tails: dict[str, str] = {}
     for inv in plan.invocations:
         out = outputs.get(inv.id)

@@ -23,6 +23,7 @@ from gpufleet.checks.models import CheckKind
 from gpufleet.checks.runners import CheckPlan, NcclScope
 from gpufleet.core.enums import CheckStatus, NodeState
 from gpufleet.core.errors import DriverError
+from gpufleet.schedulers.base import SchedNodeState
 from gpufleet.server.db.tables import CheckRunRow, NodeRow
 from gpufleet.server.services.check_backends.base import CheckBackend, StartRefused
 from gpufleet.server.services.check_findings import apply_check_findings
@@ -148,11 +149,16 @@ async def _idle_nodes(
 async def _backend_for(
     ctx: RunContext, loaded: Loaded, checked: list[NodeRow]
 ) -> tuple[CheckBackend, str]:
-    """The cluster's backend, and why not when it is not. An acceptance run on nodes
-    Slurm's power saving holds for a machine not up yet (a cloud node resumed for a job)
-    goes through the agents: the job is allocated to the node and starts the moment
-    slurmd registers, so the checks run on the machine before slurmd starts, never as a
-    Slurm job queued behind it."""
+    """The cluster's backend, and why not when it is not. An acceptance run on a Slurm
+    cluster whose nodes are out of Slurm's hands goes through the agents:
+
+    - nodes Slurm's power saving holds for a machine not up yet (a cloud node resumed
+      for a job): the job is allocated to the node and starts the moment slurmd
+      registers, so the checks run on the machine before slurmd starts, never as a Slurm
+      job queued behind it;
+    - nodes drained (gpufleet holds a node drained while it is accepted, after
+      provisioning or a repair): Slurm starts no job on a drained node, not even in a
+      reservation."""
     backend = ctx.backend_for(loaded.cluster)
     if backend is ctx.agent_backend or loaded.run.purpose != "acceptance":
         return backend, ""
@@ -161,10 +167,17 @@ async def _backend_for(
     except DriverError:
         return backend, ""  # the Slurm backend says what is wrong when it starts
     names = {n.scheduler_name or n.name for n in checked}
-    waiting = sorted(n.name for n in listed if n.name in names and n.powered_down)
-    if not waiting:
-        return backend, ""
-    return ctx.agent_backend, f" (Slurm powers up {', '.join(waiting)}: checked before slurmd)"
+    mine = [n for n in listed if n.name in names]
+    waiting = sorted(n.name for n in mine if n.powered_down)
+    if waiting:
+        return ctx.agent_backend, f" (Slurm powers up {', '.join(waiting)}: checked before slurmd)"
+    held = sorted(n.name for n in mine if n.state in _DRAINED)
+    if held:
+        return ctx.agent_backend, f" ({', '.join(held)} drained in Slurm: no Slurm job runs there)"
+    return backend, ""
+
+
+_DRAINED = frozenset({SchedNodeState.DRAINED, SchedNodeState.DRAINING, SchedNodeState.DOWN})
 
 
 def _skip(node: NodeRow, reason: str) -> dict[str, str]:
