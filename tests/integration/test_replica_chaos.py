@@ -36,10 +36,10 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psycopg
@@ -47,11 +47,14 @@ import pytest
 
 from gpufleet.sim.world import SimWorld
 from gpufleet.testing.databases import PostgresTemplate
-from gpufleet.testing.processes import (
-    AgentProcess,
-    ServerProcess,
-    free_port,
-    run_cli,
+from gpufleet.testing.processes import AgentProcess, free_port, run_cli
+from gpufleet.testing.replicas import (
+    Chaos,
+    LeaseWatch,
+    Replica,
+    loop_intervals,
+    make_replicas,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -66,7 +69,6 @@ LEASE_TTL_S = 5.0
 # How long a lease may stay expired past its loop's interval: until some replica serves
 # (all but the one killed may be starting again: a start takes seconds on 2 shared cores).
 START_ALLOWANCE_S = 15.0
-SECRET_KEY = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="  # 32 bytes: shared by replicas
 
 # name → (signature, PCI address as the finding carries it, the kernel-log message).
 FAULTS: dict[str, tuple[str, str, str]] = {
@@ -97,7 +99,6 @@ FAULTS: dict[str, tuple[str, str, str]] = {
 }  # fmt: skip
 
 Key = tuple[str, str]  # (signature, PCI address): one open finding per fold key
-T = TypeVar("T")
 
 # Every commit that moves a node's report sequence, as PostgreSQL applied it.
 REPORT_LOG_SQL = """
@@ -114,18 +115,6 @@ CREATE TRIGGER chaos_report_log AFTER UPDATE OF last_report_seq ON node FOR EACH
     WHEN (OLD.last_report_seq IS DISTINCT FROM NEW.last_report_seq)
     EXECUTE FUNCTION chaos_report_logged();
 """
-
-
-def _wait(predicate: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(httpx.HTTPError):
-            value = predicate()
-            if value:
-                return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.2)  # real sleep: real server and agent processes moving
 
 
 @dataclass
@@ -145,76 +134,6 @@ class KernelLog:
 
 
 @dataclass
-class Replica:
-    index: int
-    proc: ServerProcess
-    url: str
-
-    def ready(self, *, timeout_s: float = 2.0) -> bool:
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=timeout_s).status_code == 200
-        except httpx.TransportError:
-            return False
-
-
-@dataclass
-class Chaos:
-    """Kills a random replica (SIGKILL) at random moments and starts it again at once."""
-
-    replicas: list[Replica]
-    rng: random.Random
-    kills: Counter[int] = field(default_factory=Counter)
-    left_none_serving: int = 0  # kills while no other replica was serving (restarting)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        while not self.stop.wait(self.rng.uniform(*KILL_EVERY_S)):
-            victim = self.rng.choice(self.replicas)
-            if not any(r.ready(timeout_s=0.5) for r in self.replicas if r is not victim):
-                self.left_none_serving += 1
-            victim.proc.kill()
-            self.kills[victim.index] += 1
-            victim.proc.start()  # a supervisor restarting it; it takes seconds to serve
-
-
-@dataclass
-class LeaseWatch:
-    """Samples the lease table: per lease, how far past its expiry it stayed before it
-    was renewed or taken (seconds, by PostgreSQL's clock), and how often it changed hands."""
-
-    dsn: str
-    overdue_s: dict[str, float] = field(default_factory=dict)
-    handovers: Counter[str] = field(default_factory=Counter)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        tokens: dict[str, str] = {}
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self.stop.wait(0.2):
-                rows = conn.execute(
-                    "SELECT name, token, EXTRACT(EPOCH FROM now() - expires_at) FROM lease"
-                ).fetchall()
-                for name, token, past in rows:
-                    if name in tokens and tokens[name] != token:
-                        self.handovers[name] += 1
-                    tokens[name] = token
-                    self.overdue_s[name] = max(self.overdue_s.get(name, 0.0), float(past))
-
-
-def _loop_intervals(url: str, token: str) -> dict[str, float]:
-    """Each loop's interval, from a replica's /metrics (``loop:<name>`` is its lease)."""
-    got = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=5)
-    got.raise_for_status()
-    text = got.text
-    return {
-        f"loop:{m.group(1)}": float(m.group(2))
-        for m in re.finditer(
-            r'^gpufleet_loop_interval_seconds\{loop="([^"]+)"\} (\S+)$', text, re.MULTILINE
-        )
-    }
-
-
-@dataclass
 class Stack:
     replicas: list[Replica]
     owner: str
@@ -230,27 +149,16 @@ class Stack:
 @pytest.fixture
 def stack(tmp_path: Path, pg_template: PostgresTemplate) -> Iterator[Stack]:
     database_url = pg_template.clone()
-    token_file = tmp_path / "owner-token"
-    replicas: list[Replica] = []
-    for i in range(REPLICAS):
-        port = free_port()
-        env = {
-            "GPUFLEET_DATA_DIR": str(tmp_path / f"data{i}"),
-            "GPUFLEET_DATABASE_URL": database_url,
-            "GPUFLEET_PORT": str(port),
-            "GPUFLEET_SECRET_KEY": SECRET_KEY,
-            "GPUFLEET_BOOTSTRAP_TOKEN_FILE": str(token_file),
-            "GPUFLEET_ANNOUNCE_BOOTSTRAP_TOKEN": "false",
-            "GPUFLEET_SIM_AGENTS": "false",  # the real agents below are the nodes' agents
-            "GPUFLEET_SIM_PROVISION_DELAY_S": "[0.2, 0.5]",
-            "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0",
-            "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
-            "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
-            "GPUFLEET_REPORT_INTERVAL_S": "1.0",
-            "GPUFLEET_LEASE_TTL_S": str(LEASE_TTL_S),
-        }
-        proc = ServerProcess(args=["server"], env=env, log_path=tmp_path / f"server{i}.log")
-        replicas.append(Replica(i, proc, f"http://127.0.0.1:{port}"))
+    env = {
+        "GPUFLEET_SIM_AGENTS": "false",  # the real agents below are the nodes' agents
+        "GPUFLEET_SIM_PROVISION_DELAY_S": "[0.2, 0.5]",
+        "GPUFLEET_SIM_FAULT_RATE_PER_GPU_DAY": "0",
+        "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
+        "GPUFLEET_RECONCILE_INTERVAL_S": "0.3",
+        "GPUFLEET_REPORT_INTERVAL_S": "1.0",
+        "GPUFLEET_LEASE_TTL_S": str(LEASE_TTL_S),
+    }
+    replicas, token_file = make_replicas(REPLICAS, database_url=database_url, tmp=tmp_path, env=env)
     running = Stack(
         replicas=replicas,
         owner="",
@@ -310,7 +218,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
         return items if sum(n["state"] == "in_service" for n in items) == NODES else None
 
     nodes = sorted(
-        _wait(in_service, timeout_s=30, what="the nodes in service"), key=lambda n: n["name"]
+        wait_for(in_service, timeout_s=30, what="the nodes in service"), key=lambda n: n["name"]
     )
     world = SimWorld(stack.tmp / "data0" / "sim-world.json")
     instances = {i.instance_id: i for i in world.list_instances(cluster_id=cluster_id)}
@@ -349,7 +257,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
         listed = api.get("/api/v1/nodes", params={"cluster": cluster_id, "gpus": "true"})
         return all(len(n.get("gpus") or []) == GPUS for n in listed.json()["items"])
 
-    _wait(gpus_reported, timeout_s=40, what="every agent's first report")
+    wait_for(gpus_reported, timeout_s=40, what="every agent's first report")
     for replica in stack.replicas[1:]:
         replica.proc.wait_ready(replica.url)
     for agent in stack.agents:
@@ -357,7 +265,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
     phase("replicas and agents")
 
     # Chaos: kills in a thread; kernel-log lines from here at a steady pace.
-    chaos = Chaos(stack.replicas, random.Random(rng.random()))
+    chaos = Chaos(stack.replicas, random.Random(rng.random()), KILL_EVERY_S)
     killer = threading.Thread(target=chaos.run, name="chaos", daemon=True)
     leases = LeaseWatch(stack.pg_dsn)
     watcher = threading.Thread(target=leases.run, name="leases", daemon=True)
@@ -386,7 +294,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
     time.sleep(LEASE_TTL_S)  # real sleep: past the expiry of a lease held at the last kill
     leases.stop.set()
     watcher.join(timeout=10)
-    intervals = _loop_intervals(stack.replicas[0].url, stack.owner)
+    intervals = loop_intervals(stack.replicas[0].url, stack.owner)
     phase("replicas back")
 
     # Everything delivered: the agents' spools empty, nothing dropped.
@@ -401,7 +309,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
                 return False
         return True
 
-    _wait(spools_empty, timeout_s=30, what="the agents' spools drained")
+    wait_for(spools_empty, timeout_s=30, what="the agents' spools drained")
     dropped = sum(
         _agent_metrics(p)["gpufleet_agent_spool_reports_dropped_total"] for p in metrics_ports
     )
@@ -411,7 +319,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
         listed = api.get("/api/v1/nodes", params={"cluster": cluster_id}).json()["items"]
         return all(n["last_report_seq"] > chaos_ended_us for n in listed)
 
-    _wait(reported_after_chaos, timeout_s=20, what="a report made after the chaos, per node")
+    wait_for(reported_after_chaos, timeout_s=20, what="a report made after the chaos, per node")
     phase("spools drained")
 
     # Findings: exactly one per key written, every line counted, one opening event each.
@@ -435,7 +343,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
         return True
 
     with contextlib.suppress(AssertionError):  # the checks below say what differs
-        _wait(counts_match, timeout_s=20, what="every line counted in a finding")
+        wait_for(counts_match, timeout_s=20, what="every line counted in a finding")
     phase("findings counted")
     findings_total = 0
     for node, log in zip(nodes, logs, strict=True):
@@ -498,11 +406,7 @@ def test_replicas_killed_at_random_lose_and_duplicate_nothing(stack: Stack) -> N
         f"miscounted {miscounted}; wall {time.monotonic() - started:.1f} s "
         f"(after the first replica was up; s by phase: {phases})"
     )
-    late = {
-        name: round(past, 1)
-        for name, past in leases.overdue_s.items()
-        if past > intervals[name] + START_ALLOWANCE_S
-    }
+    late = leases.late(intervals, allowance_s=START_ALLOWANCE_S)
     print(
         f"leases: {sum(leases.handovers.values())} handovers "
         f"({dict(sorted(leases.handovers.items()))}); longest past expiry, s: "

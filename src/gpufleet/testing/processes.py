@@ -133,6 +133,7 @@ class AgentProcess(CliProcess):
         token_file = state_dir.parent / f"{state_dir.name}.token"
         token_file.write_text(node_token + "\n", encoding="utf-8")
         token_file.chmod(0o600)
+        self.token_file = token_file
         self.state_dir = state_dir
         self.kernel_log = kernel_log
         defaults = {
@@ -148,6 +149,10 @@ class AgentProcess(CliProcess):
             "GPUFLEET_AGENT_REQUEST_TIMEOUT_S": "5",
         }
         super().__init__(args=["agent"], env={**defaults, **(env or {})}, log_path=log_path)
+
+    def token(self) -> str:
+        """The node token the agent runs with: given, or got by enrolling ("" before)."""
+        return self.token_file.read_text(encoding="utf-8").strip()
 
     def log_offset(self) -> int | None:
         """Bytes of the followed log the agent has matched and spooled (its checkpoint)."""
