@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from apihelpers import error_of
+from apihelpers import error_of, report_batch, send_report
 from inventoryhelpers import KEY_A, import_hosts, put_credential
 from sqlalchemy import select
 
@@ -550,10 +550,13 @@ async def test_with_no_spare_the_failover_gives_up_and_the_ladder_removes_the_no
         assert (await fleet.node(str(nodes["gpu-b"]["id"])))["state"] == "in_service"
 
 
-async def _enroll(http: httpx.AsyncClient, token: str, hostname: str) -> httpx.Response:
+async def _enroll(
+    http: httpx.AsyncClient, token: str, hostname: str, *, boot_id: str | None = None
+) -> httpx.Response:
+    body = {"hostname": hostname} | ({"boot_id": boot_id} if boot_id else {})
     return await http.post(
         f"{SERVER_URL}/api/v1/agent/enroll",
-        json={"hostname": hostname},
+        json=body,
         headers={"Authorization": f"Bearer {token}"},
     )
 
@@ -599,6 +602,26 @@ async def test_what_an_enroll_token_can_and_cannot_do(
         hosts = await _hosts(fleet)
         assert hosts["gpu-a"]["node_id"] == enrolled.json()["node_id"]
 
+        # An answer lost (the replica died after committing it): the same machine (same
+        # boot id) asking again before any report gets a token again, and the first one
+        # is refused; once its agent reported, or from another boot, it is enrolled.
+        lost = await _enroll(http, token, "gpu-b", boot_id="boot-1")
+        assert lost.status_code == 201, lost.text
+        retried = await _enroll(http, token, "gpu-b", boot_id="boot-1")
+        assert retried.status_code == 201, retried.text
+        assert retried.json()["node_id"] == lost.json()["node_id"]
+        gpu_b = retried.json()["node_token"]
+        assert gpu_b != lost.json()["node_token"]
+        batch = report_batch(1, hostname="gpu-b")
+        assert (await send_report(fleet.app, lost.json()["node_token"], batch)).status_code == 401
+        other_boot = await _enroll(http, token, "gpu-b", boot_id="boot-2")
+        assert other_boot.status_code == 409, other_boot.text
+        assert (await send_report(fleet.app, gpu_b, batch)).status_code == 200
+        reported = await _enroll(http, token, "gpu-b", boot_id="boot-1")
+        assert reported.status_code == 409 and "already enrolled" in error_of(reported)["message"]
+        events = (await fleet.get("/api/v1/events", kind="node.enrolled"))["items"]
+        assert any("answer to its first enrollment was lost" in e["message"] for e in events)
+
         # Expired: one second past its time to live.
         fleet.clock.advance(3601)
         late = await _enroll(http, token, "gpu-b")
@@ -634,12 +657,13 @@ async def test_what_an_enroll_token_can_and_cannot_do(
         async with fleet.app.ctx.db.session() as session:
             events = (await session.scalars(select(EventRow))).all()
             audits = (await session.scalars(select(AuditLogRow))).all()
-        assert [a.action for a in audits if a.action == "node.enroll"] == ["node.enroll"]
+        enrolls = [a.detail["host"] for a in audits if a.action == "node.enroll"]
+        assert sorted(enrolls) == ["gpu-a", "gpu-b", "gpu-b"]
         texts = [
             caplog.text,
             (await client.get(f"/api/v1/clusters/{cid}")).text,
             *(f"{e.message} {e.data}" for e in events),
             *(f"{a.detail}" for a in audits),
         ]
-        for secret in (first, token, node_token):
+        for secret in (first, token, node_token, lost.json()["node_token"], gpu_b):
             assert not [t for t in texts if secret in t or secret[5:] in t]

@@ -300,6 +300,10 @@ class NodeRow(_Leased, Base):
     # Since when the node waits for its machine's agent to enroll (a bare-metal host was
     # claimed or reinstalled: a BMC cannot hand it a token). None: nothing may enroll as it.
     enroll_open_at: Mapped[dt.datetime | None]
+    # When its agent last enrolled, and the kernel boot id it enrolled with: the same
+    # machine asking again before any report (its answer was lost) gets a token again.
+    enrolled_at: Mapped[dt.datetime | None]
+    enrolled_boot_id: Mapped[str | None] = mapped_column(String(64))
     # Why the node is held where it is: a failed startup script, a failed acceptance check.
     state_detail: Mapped[str] = mapped_column(Text, default="", server_default="")
     # Since when its scheduler has seen no job on it (the autoscaler's reading; None:

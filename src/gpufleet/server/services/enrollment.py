@@ -192,7 +192,8 @@ async def enroll(
                 f"{host.state}); the agent tries again until provisioning claims it",
                 field="hostname",
             )
-        if node.enroll_open_at is None:
+        again = _answer_lost(node, request, now=now)
+        if node.enroll_open_at is None and not again:
             raise Conflict(
                 f"node {node.name} on host {host.hostname} already enrolled and its agent "
                 "holds its token; for an agent reinstalled by hand, issue a new one "
@@ -202,16 +203,19 @@ async def enroll(
         token = generate_token(NODE_TOKEN_PREFIX)
         node.token_hash = hash_token(token)
         node.enroll_open_at = None
+        node.enrolled_at, node.enrolled_boot_id = now, request.boot_id
         node.updated_at = now
-        await bind_node_to_host(
-            session, host=host, node=node, actor=f"enroll:{cluster.name}",
-            reason=f"agent on {host.hostname} enrolled as node {node.name}", now=now,
-        )  # fmt: skip
+        if not again:
+            await bind_node_to_host(
+                session, host=host, node=node, actor=f"enroll:{cluster.name}",
+                reason=f"agent on {host.hostname} enrolled as node {node.name}", now=now,
+            )  # fmt: skip
         record_event(
             session,
             kind=EventKind.NODE_ENROLLED,
             message=f"node {node.name}: the agent on host {host.hostname} enrolled"
-            + (f" (boot id {request.boot_id})" if request.boot_id else ""),
+            + (f" (boot id {request.boot_id})" if request.boot_id else "")
+            + ("; again: the answer to its first enrollment was lost" if again else ""),
             project_id=cluster.project_id,
             cluster_id=cluster.id,
             node_id=node.id,
@@ -233,6 +237,24 @@ async def enroll(
         return EnrollAck(
             node_id=node.id, node_name=node.name, cluster_id=cluster.id, node_token=token
         )
+
+
+# How long after an enrollment the same machine may ask again, its answer lost (the
+# replica died after committing it, the connection dropped): minutes, not days.
+ENROLL_RETRY_S = 600.0
+
+
+def _answer_lost(node: NodeRow, request: EnrollRequest, *, now: dt.datetime) -> bool:
+    """The node's agent enrolled, but the same machine (same kernel boot id) asks again,
+    soon, and no report came with the token it was given: that answer never reached it.
+    The token is issued again (the first one is refused from then on). A machine that
+    booted since, or an agent that reported, is an already enrolled node (409)."""
+    enrolled = node.enrolled_at
+    if enrolled is None or request.boot_id is None or request.boot_id != node.enrolled_boot_id:
+        return False
+    if node.last_report_at is not None and node.last_report_at >= enrolled:
+        return False
+    return (now - enrolled).total_seconds() <= ENROLL_RETRY_S
 
 
 def open_enrollment(node: NodeRow, *, now: dt.datetime) -> None:
