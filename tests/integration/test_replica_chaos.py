@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import random
 import re
 import threading
@@ -49,9 +48,11 @@ from gpufleet.sim.world import SimWorld
 from gpufleet.testing.databases import PostgresTemplate
 from gpufleet.testing.processes import AgentProcess, free_port, run_cli
 from gpufleet.testing.replicas import (
+    KILL_EVERY_S,
     Chaos,
     LeaseWatch,
     Replica,
+    chaos_seed,
     loop_intervals,
     make_replicas,
     wait_for,
@@ -59,10 +60,8 @@ from gpufleet.testing.replicas import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
-# Fixed, printed; GPUFLEET_CHAOS_SEED=N replays or explores another run of kills.
-SEED = int(os.environ.get("GPUFLEET_CHAOS_SEED", "20261204"))
+SEED = chaos_seed(20261204)
 CHAOS_S = 24.0
-KILL_EVERY_S = (1.0, 2.5)  # the pause before each kill, drawn from the seeded generator
 WRITE_EVERY_S = 1.0  # a kernel-log line to one agent's log
 REPLICAS, NODES, GPUS = 3, 3, 8
 LEASE_TTL_S = 5.0

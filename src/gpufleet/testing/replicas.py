@@ -5,6 +5,7 @@ that, like the CLI, goes to the next replica when one does not answer."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 import threading
@@ -22,8 +23,17 @@ from gpufleet.testing.processes import ServerProcess, free_port
 
 T = TypeVar("T")
 
+# The pause before each kill, drawn from the chaos's seeded generator.
+KILL_EVERY_S = (1.0, 2.5)
+
 # A 32-byte key shared by the replicas: what one encrypts (a BMC password), another reads.
 SECRET_KEY = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="  # noqa: S105 - a test key
+
+
+def chaos_seed(default: int) -> int:
+    """A chaos test's seed: fixed (``default``) and printed by the test;
+    ``GPUFLEET_CHAOS_SEED=N`` replays or explores another run of kills."""
+    return int(os.environ.get("GPUFLEET_CHAOS_SEED", str(default)))
 
 
 def wait_for(predicate: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
@@ -87,7 +97,7 @@ class Chaos:
 
     replicas: list[Replica]
     rng: random.Random
-    every_s: tuple[float, float]  # the pause before each kill, drawn from ``rng``
+    every_s: tuple[float, float] = KILL_EVERY_S  # the pause before each kill
     spare_one: bool = False
     kills: Counter[int] = field(default_factory=Counter)
     left_none_serving: int = 0  # kills while no other replica was serving (restarting)

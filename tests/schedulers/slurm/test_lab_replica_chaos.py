@@ -16,8 +16,9 @@ machine gets a new kernel boot id (the agent's ``boot_id_file``) and its agent s
 again (its kernel log, a syslog file, persists across the boot). The lab has no GPU:
 DCGM's place is taken by a stand-in printing a recorded real ``dcgmi diag`` output.
 
-The chaos starts once the agents enrolled, so the cluster's acceptance (DCGM on each
-node, through its agent: acceptance holds the nodes drained in Slurm) runs under it.
+The chaos starts before the machines boot, so their agents enroll (an answer lost with
+a killed replica is asked again) and the cluster's acceptance runs (DCGM on each node,
+through its agent: acceptance holds the nodes drained in Slurm) under it.
 Once the nodes are in service the test writes an Xid 79 (fatal: reboot) into each
 node's kernel log and approves each reboot recommended, through whichever replica
 answers; a steady stream of Xid 43 lines (informational: no repair) goes to random
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import threading
 import time
@@ -62,6 +62,7 @@ from gpufleet.testing.replicas import (
     FailoverApi,
     LeaseWatch,
     Replica,
+    chaos_seed,
     loop_intervals,
     make_replicas,
     wait_for,
@@ -71,9 +72,7 @@ from providers.redfish.redfish_fakes import PASSWORD, USER, Emulator, start_emul
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
-# Fixed, printed; GPUFLEET_CHAOS_SEED=N replays or explores another run of kills.
-SEED = int(os.environ.get("GPUFLEET_CHAOS_SEED", "20261205"))
-KILL_EVERY_S = (1.0, 2.5)  # the pause before each kill, drawn from the seeded generator
+SEED = chaos_seed(20261205)
 MIN_KILLS = 10  # the chaos stops when every repair ended and this many kills were made,
 CHAOS_MAX_S = 180.0  # or after this
 REPLICAS = 3
@@ -313,29 +312,24 @@ def test_repairs_run_exactly_once_while_replicas_are_killed_at_random(
         )
         machines[system] = Machine(name, system, agent, boot_id_file, kernel_log)
         stack.machines.append(machines[system])
-    for machine in machines.values():
-        machine.boot()  # the install is done: the machine boots and its agent enrolls
-    room = Room(bmc.journal, machines)
-    room_thread = threading.Thread(target=room.run, name="room", daemon=True)
-    room_thread.start()
-
     by_host = {m.hostname: m for m in machines.values()}
-    wait_for(
-        lambda: all(m.agent.token() for m in machines.values()),
-        timeout_s=60,
-        what="every agent enrolled",
-    )
     setup_s = time.monotonic() - started
 
-    # Chaos from here, while the cluster is accepted: kills in a thread; here, Xid 43
-    # lines, then (once in service) an Xid 79 per node, and approvals.
-    chaos = Chaos(stack.replicas, random.Random(rng.random()), KILL_EVERY_S, spare_one=True)
+    # Chaos from here, while the hosts are claimed, their agents enroll and the cluster
+    # is accepted: kills in a thread; here, Xid 43 lines, then (once in service) an Xid
+    # 79 per node, and approvals.
+    chaos = Chaos(stack.replicas, random.Random(rng.random()), spare_one=True)
     killer = threading.Thread(target=chaos.run, name="chaos", daemon=True)
     leases = LeaseWatch("postgresql://" + pg_dsn_of(stack))
     watcher = threading.Thread(target=leases.run, name="leases", daemon=True)
     chaos_started = time.monotonic()
     killer.start()
     watcher.start()
+    for machine in machines.values():
+        machine.boot()  # the install is done: the machine boots and its agent enrolls
+    room = Room(bmc.journal, machines)
+    room_thread = threading.Thread(target=room.run, name="room", daemon=True)
+    room_thread.start()
     nodes: dict[str, dict[str, Any]] = {}
     boot_ids: dict[str, str] = {}
     in_service_s = 0.0
@@ -345,10 +339,10 @@ def test_repairs_run_exactly_once_while_replicas_are_killed_at_random(
     lost_answers = 0
     try:
         while time.monotonic() - chaos_started < CHAOS_MAX_S:
-            host = rng.choice(sorted(by_host))
-            pci = rng.choice(XID_43_PCI)
-            by_host[host].write(XID_43.format(pci=pci))
-            by_host[host].xid43[pci] += 1
+            host, pci = rng.choice(sorted(by_host)), rng.choice(XID_43_PCI)
+            if by_host[host].agent.log_offset() is not None:  # its agent follows the log
+                by_host[host].write(XID_43.format(pci=pci))  # (a first start begins at
+                by_host[host].xid43[pci] += 1  # the end: older lines are history)
             if not nodes:
                 with contextlib.suppress(AssertionError):
                     items = api.get("/api/v1/nodes", cluster=cluster_id)["items"]
@@ -495,6 +489,8 @@ def test_repairs_run_exactly_once_while_replicas_are_killed_at_random(
     acceptance = sorted((r["trigger"], r["status"], len(r["node_ids"])) for r in runs)
     calls = Counter(line.split()[0] for line in (tmp_path / "dcgmi-calls").read_text().splitlines())
     cluster_now = api.get(f"/api/v1/clusters/{cluster_id}")
+    enrolled = api.get("/api/v1/events", kind="node.enrolled", cluster=cluster_id)["items"]
+    enrolled_again = sum("again" in e["message"] for e in enrolled)
 
     late = leases.late(intervals, allowance_s=START_ALLOWANCE_S)
     print(
@@ -503,7 +499,8 @@ def test_repairs_run_exactly_once_while_replicas_are_killed_at_random(
         f"{chaos.spared} rounds spared: fewer than two serving); setup {setup_s:.0f} s; "
         f"repairs {[(n, r['status']) for n, r in sorted(ended.items())]}; "
         f"resets asked {dict(resets)}; boots {[m.boots for m in machines.values()]}; "
-        f"approvals whose answer was lost {lost_answers}; in service after {in_service_s:.0f} s; "
+        f"approvals whose answer was lost {lost_answers}; enrollments "
+        f"{len(enrolled)} ({enrolled_again} asked again); in service after {in_service_s:.0f} s; "
         f"acceptance runs {acceptance}, DCGM runs by node {dict(calls)}; "
         f"Xid 43 lines {sum(sum(m.xid43.values()) for m in machines.values())}; "
         f"leases: {sum(leases.handovers.values())} handovers, longest past expiry "
