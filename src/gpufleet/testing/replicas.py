@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import httpx
 import psycopg
 
+from gpufleet.client.errors import ServerUnreachable
+from gpufleet.client.http import ServerUrls, send_with_failover
 from gpufleet.testing.processes import ServerProcess, free_port
 
 T = TypeVar("T")
@@ -170,33 +172,35 @@ def loop_intervals(url: str, token: str) -> dict[str, float]:
 
 
 class FailoverApi:
-    """An owner's API client over every replica: a request a replica does not answer goes
-    to the next one. A POST that may have been applied before its answer was lost is the
-    caller's to check (``post`` returns None then)."""
+    """An owner's API client over every replica, with the clients' own failover
+    (``send_with_failover``): a request a replica does not answer goes to the next one. A
+    POST that may have reached a replica is never sent twice: ``post`` returns None then,
+    and the caller reads what became of it."""
 
     def __init__(self, replicas: list[Replica], token: str) -> None:
-        self.replicas = replicas
-        self.headers = {"Authorization": f"Bearer {token}"}
+        self.urls = ServerUrls([r.url for r in replicas])
+        self.http = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10)
 
     def get(self, path: str, **params: Any) -> Any:
         for _ in range(60):
-            for replica in self.replicas:
-                with contextlib.suppress(httpx.TransportError):
-                    got = httpx.get(
-                        replica.url + path, params=params, headers=self.headers, timeout=10
-                    )
-                    if got.status_code < 500:
-                        got.raise_for_status()
-                        return got.json()
+            with contextlib.suppress(ServerUnreachable):
+                got = send_with_failover(
+                    self.http, self.urls, "GET", path, idempotent=True, params=params
+                )
+                if got.status_code < 500:
+                    got.raise_for_status()
+                    return got.json()
             time.sleep(0.5)  # real sleep: every replica restarting at once
         raise AssertionError(f"no replica answered GET {path}")
 
+    def put(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """PUT is idempotent: sent again to the next replica when one did not answer."""
+        return send_with_failover(self.http, self.urls, "PUT", path, idempotent=True, json=body)
+
     def post(self, path: str, body: dict[str, Any]) -> httpx.Response | None:
-        for replica in self.replicas:
-            try:
-                return httpx.post(replica.url + path, json=body, headers=self.headers, timeout=10)
-            except httpx.ConnectError:
-                continue  # never reached a server: safe to send to the next one
-            except httpx.TransportError:
-                return None  # sent; the answer is lost
-        return None
+        try:
+            return send_with_failover(
+                self.http, self.urls, "POST", path, idempotent=False, json=body
+            )
+        except ServerUnreachable:
+            return None
