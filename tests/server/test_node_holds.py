@@ -5,11 +5,12 @@ cordoned, never in service); an unreadable scheduler leaves everything as it was
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 
 import pytest
-from apihelpers import create_project, ready_cluster
+from apihelpers import create_cluster, create_project, ready_cluster, run_loops
 from sqlalchemy import select
 
 from gpufleet.core.enums import EventKind, NodeState
@@ -20,6 +21,7 @@ from gpufleet.providers.sim.driver import SimProvider
 from gpufleet.schedulers.base import SchedJob, SchedNode, SchedNodeState, Scheduler
 from gpufleet.server.db.tables import AuditLogRow, ClusterRow, EventRow, NodeRow
 from gpufleet.server.services.node_holds import (
+    NodeListing,
     Release,
     allocated_before_boot,
     can_hold,
@@ -230,8 +232,11 @@ class _PowerSaving(_NoDrain):
     def __init__(self, *, readable: bool = True) -> None:
         self.readable = readable
         self.drained: list[str] = []
+        self.reads = 0
 
     async def list_nodes(self) -> list[SchedNode]:
+        self.reads += 1
+        await asyncio.sleep(0)  # a read others can wait on, as a real one
         if not self.readable:
             raise DriverError("slurm: slurmctld not responding")
         return [
@@ -262,3 +267,60 @@ async def test_acceptance_does_not_drain_a_node_resumed_for_a_job() -> None:
     blind = _PowerSaving(readable=False)
     assert await hold_for_acceptance(blind, "cloud1", reason=reason)
     assert blind.drained == ["cloud1"]
+
+
+async def test_the_holds_of_one_pass_read_the_scheduler_once() -> None:
+    scheduler = _PowerSaving()
+    reason = acceptance_hold()
+    names = ["cloud1", "cloud2", "lab-001"] * 100
+    listing = NodeListing(lambda: scheduler)
+    held = await asyncio.gather(
+        *(hold_for_acceptance(scheduler, n, reason=reason, listing=listing) for n in names)
+    )
+    assert scheduler.reads == 1  # 300 holds, one read (without the listing: 300)
+    assert held == [False, True, True] * 100  # the same answers as a read each
+    assert sorted(set(scheduler.drained)) == ["cloud2", "lab-001"]
+    # An older list is read again (a long pass).
+    stale = NodeListing(lambda: scheduler, max_age_s=0.0)
+    for name in ("cloud1", "cloud2"):
+        await hold_for_acceptance(scheduler, name, reason=reason, listing=stale)
+    assert scheduler.reads == 3
+    # A scheduler that does not answer is asked once for the pass, not once a node; every
+    # node is drained as without a listing.
+    blind = _PowerSaving(readable=False)
+    blind_listing = NodeListing(lambda: blind)
+    await asyncio.gather(
+        *(hold_for_acceptance(blind, n, reason=reason, listing=blind_listing) for n in names)
+    )
+    assert blind.reads == 1 and len(blind.drained) == len(names)
+    with pytest.raises(ValueError, match="another scheduler"):
+        await allocated_before_boot(blind, "cloud1", listing=listing)
+
+
+async def test_provisioning_reads_the_scheduler_once_a_pass_for_all_its_nodes(
+    app: RunningApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await create_project(app.client, "ml")
+    cluster = await create_cluster(app.client, size=6, acceptance_tests=True)
+    async with app.ctx.db.session() as session:
+        row = await session.get(ClusterRow, cluster["id"])
+    assert row is not None
+    scheduler = scheduler_for(app.ctx.drivers, row)
+    reads: list[str] = []
+    listed = type(scheduler).list_nodes
+
+    async def counted(self: Any) -> list[SchedNode]:
+        reads.append("list")
+        return await listed(self)
+
+    monkeypatch.setattr(type(scheduler), "list_nodes", counted)
+    await run_loops(app)  # machines asked for, each node held early
+    assert len(reads) == 1, reads
+    reads.clear()
+    await run_loops(app)  # machines up: each node held for acceptance
+    async with app.ctx.db.session() as session:
+        states = list(
+            await session.scalars(select(NodeRow.state).where(NodeRow.cluster_id == cluster["id"]))
+        )
+    assert states == [NodeState.ACCEPTANCE.value] * 6, states
+    assert len(reads) == 1, reads

@@ -20,8 +20,10 @@ cannot be read leaves the node where it is, to be tried again.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -29,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpufleet.core.enums import NodeState
 from gpufleet.core.errors import DriverError
 from gpufleet.core.holds import HoldReason, is_gpufleet_reason
-from gpufleet.schedulers.base import Scheduler, SupportsDown, SupportsDrain
+from gpufleet.schedulers.base import SchedNode, Scheduler, SupportsDown, SupportsDrain
 from gpufleet.server.db.tables import NodeRow
 from gpufleet.server.services.nodes import switch_node_state
 
@@ -71,7 +73,53 @@ async def hold_in_scheduler(scheduler: Scheduler, name: str, *, reason: HoldReas
     return True
 
 
-async def hold_for_acceptance(scheduler: Scheduler, name: str, *, reason: HoldReason) -> bool:
+class NodeListing:
+    """One read of a scheduler's node list, shared by the node steps of one pass.
+
+    Holding a node for acceptance reads the whole list (``allocated_before_boot``); a
+    pass that provisions 1,000 nodes of a cluster would otherwise ask slurmctld for all
+    of them 1,000 times. The list is read once, by the first step that needs it (the
+    others wait for that read), and read again when it is older than ``max_age_s`` (a
+    long pass). A failed read stands for as long: a scheduler that does not answer is
+    not asked again by each of the pass's steps in turn.
+    """
+
+    def __init__(self, scheduler: Callable[[], Scheduler], *, max_age_s: float = 5.0) -> None:
+        self._make = scheduler  # built when first needed: a pass may hold no node at all
+        self._scheduler: Scheduler | None = None
+        self._max_age_s = max_age_s
+        self._lock = asyncio.Lock()
+        self._nodes: list[SchedNode] | None = None
+        self._error: DriverError | None = None
+        self._read_at = -math.inf
+
+    @property
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            self._scheduler = self._make()
+        return self._scheduler
+
+    async def nodes(self) -> list[SchedNode]:
+        """The scheduler's nodes; raises ``DriverError`` when they cannot be read (the
+        steps waiting on that read get the same error: one failed read, not one each)."""
+        async with self._lock:
+            now = asyncio.get_running_loop().time()
+            if now - self._read_at > self._max_age_s:
+                self._read_at = now
+                self._nodes, self._error = None, None
+                try:
+                    self._nodes = await self.scheduler.list_nodes()
+                except DriverError as exc:
+                    self._error = exc
+            if self._error is not None:
+                raise self._error
+            assert self._nodes is not None
+            return self._nodes
+
+
+async def hold_for_acceptance(
+    scheduler: Scheduler, name: str, *, reason: HoldReason, listing: NodeListing | None = None
+) -> bool:
     """Hold a node to be tested, unless its scheduler already allocated it a job and
     waits for the machine (Slurm's power saving resumed it for that job): a drain then
     would requeue the job ("DRAIN/FAIL request for node which is allocated and being
@@ -79,17 +127,22 @@ async def hold_for_acceptance(scheduler: Scheduler, name: str, *, reason: HoldRe
     instead: acceptance runs through the agent and slurmd starts once it passed
     (``docs/slurm-power-saving.md``); a failed one gets the drain then, which hands its
     job back to the queue at once. Returns whether the drain was made (as
-    ``hold_in_scheduler``); raises ``DriverError`` when it fails."""
-    if await allocated_before_boot(scheduler, name):
+    ``hold_in_scheduler``); raises ``DriverError`` when it fails. ``listing``: the
+    pass's shared read of the scheduler's nodes (one of ``scheduler``'s)."""
+    if await allocated_before_boot(scheduler, name, listing=listing):
         return False
     return await hold_in_scheduler(scheduler, name, reason=reason)
 
 
-async def allocated_before_boot(scheduler: Scheduler, name: str) -> bool:
+async def allocated_before_boot(
+    scheduler: Scheduler, name: str, *, listing: NodeListing | None = None
+) -> bool:
     """The scheduler waits for node ``name``'s machine with work allocated to it. False
     when it cannot be read (the drain that follows says what is wrong)."""
+    if listing is not None and listing.scheduler is not scheduler:
+        raise ValueError("the node listing is another scheduler's")
     try:
-        nodes = await scheduler.list_nodes()
+        nodes = await (listing.nodes() if listing is not None else scheduler.list_nodes())
     except DriverError:
         return False
     # Slurm says such a node is NOT_RESPONDING too (no slurmd yet): its jobs tell.

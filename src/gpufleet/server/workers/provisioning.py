@@ -40,7 +40,12 @@ from gpufleet.server.services.clusters import (
 )
 from gpufleet.server.services.enrollment import open_enrollment, takes_no_user_data
 from gpufleet.server.services.events import record_event
-from gpufleet.server.services.node_holds import can_hold, hold_for_acceptance, record_hold
+from gpufleet.server.services.node_holds import (
+    NodeListing,
+    can_hold,
+    hold_for_acceptance,
+    record_hold,
+)
 from gpufleet.server.services.node_slots import free_slots
 from gpufleet.server.services.nodes import switch_node_state
 from gpufleet.server.services.schedulers import scheduler_for
@@ -165,8 +170,10 @@ class ProvisioningLoop(LoopService):
             return
         await self._ensure_slots(cluster, nodes)
         pending = [n for n in nodes if n.state is NodeState.PROVISIONING]
+        # The nodes held for acceptance in this pass share one read of the scheduler.
+        listing = NodeListing(lambda: scheduler_for(self.drivers, cluster))
         await asyncio.gather(
-            *(self._limited(self._step_node(cluster, n, provider)) for n in pending)
+            *(self._limited(self._step_node(cluster, n, provider, listing)) for n in pending)
         )
         await self._update_cluster_status(cluster_id)
 
@@ -211,9 +218,11 @@ class ProvisioningLoop(LoopService):
             slots = await free_slots(session, cluster, missing)
             session.add_all(new_node_rows(cluster, slots=slots, now=self.clock.now()))
 
-    async def _step_node(self, cluster: ClusterRow, node: _NodeView, provider: Provider) -> None:
+    async def _step_node(
+        self, cluster: ClusterRow, node: _NodeView, provider: Provider, listing: NodeListing
+    ) -> None:
         if node.instance_id is None:
-            await self._request_machine(cluster, node, provider)
+            await self._request_machine(cluster, node, provider, listing)
             return
         instance = await provider.get_instance(node.instance_id)
         if instance is None or instance.state is InstanceState.TERMINATED:
@@ -224,7 +233,7 @@ class ProvisioningLoop(LoopService):
                 # and reported (the install must run it with the cluster's enroll token).
                 await self._wait_for_agent(node, instance)
                 return
-            await self._mark_provisioned(cluster, node, instance)
+            await self._mark_provisioned(cluster, node, instance, listing)
         elif instance.state is InstanceState.FAILED:
             await provider.terminate(instance.instance_id)
             await self._forget_instance(
@@ -232,7 +241,7 @@ class ProvisioningLoop(LoopService):
             )
 
     async def _request_machine(
-        self, cluster: ClusterRow, node: _NodeView, provider: Provider
+        self, cluster: ClusterRow, node: _NodeView, provider: Provider, listing: NodeListing
     ) -> None:
         token = generate_token(NODE_TOKEN_PREFIX)
         enrolls = takes_no_user_data(cluster.provider)
@@ -277,7 +286,7 @@ class ProvisioningLoop(LoopService):
                     data={"code": exc.code},
                 )
             return
-        await self._hold_early(cluster, node)
+        await self._hold_early(cluster, node, listing)
         async with guarded_apply(
             self.db, row_type=NodeRow, row_id=node.id, guard=_provisioning, clock=self.clock
         ) as applied:
@@ -304,7 +313,7 @@ class ProvisioningLoop(LoopService):
                 data={"instance_id": instance.instance_id, "attempt": node.attempts + 1},
             )
 
-    async def _hold_early(self, cluster: ClusterRow, node: _NodeView) -> None:
+    async def _hold_early(self, cluster: ClusterRow, node: _NodeView, listing: NodeListing) -> None:
         """Hold a node that will be tested before its machine is even up, so no job lands
         on it between its scheduler seeing it and acceptance holding it (a cloud node that
         registers takes a waiting job at once). Best effort: a scheduler that does not
@@ -312,9 +321,10 @@ class ProvisioningLoop(LoopService):
         machine runs (``_mark_provisioned``) still comes before acceptance."""
         if not cluster.acceptance_tests:
             return
-        scheduler = scheduler_for(self.drivers, cluster)
         try:
-            await hold_for_acceptance(scheduler, node.name, reason=acceptance_hold())
+            await hold_for_acceptance(
+                listing.scheduler, node.name, reason=acceptance_hold(), listing=listing
+            )
         except DriverError as exc:
             log.debug("provisioning: node %s: early hold: %s", node.name, exc)
 
@@ -346,7 +356,7 @@ class ProvisioningLoop(LoopService):
             row.updated_at = applied.now
 
     async def _mark_provisioned(
-        self, cluster: ClusterRow, node: _NodeView, instance: Instance
+        self, cluster: ClusterRow, node: _NodeView, instance: Instance, listing: NodeListing
     ) -> None:
         """The machine is up: record who it is, run the startup scripts, then hand the
         node to acceptance (or to service, where the cluster opted out). Called again
@@ -397,9 +407,10 @@ class ProvisioningLoop(LoopService):
                 return
             name = row.scheduler_name or row.name
         # Acceptance: no job may land on the node while it is tested.
-        scheduler = scheduler_for(self.drivers, cluster)
         try:
-            drained = await hold_for_acceptance(scheduler, name, reason=acceptance_hold())
+            drained = await hold_for_acceptance(
+                listing.scheduler, name, reason=acceptance_hold(), listing=listing
+            )
         except DriverError as exc:
             log.warning("provisioning: node %s: drain for acceptance: %s", node.name, exc)
             return  # next pass tries again
@@ -418,7 +429,7 @@ class ProvisioningLoop(LoopService):
                 reason=f"machine {instance.instance_id} is running"
                 + (" and its startup scripts ran" if cluster.startup_scripts else "")
                 + "; acceptance tests next"
-                + ("" if drained or not can_hold(scheduler) else _BOOT_HOLD),
+                + ("" if drained or not can_hold(listing.scheduler) else _BOOT_HOLD),
                 now=applied.now,
             )
             row.state_detail = "waiting for acceptance checks"
