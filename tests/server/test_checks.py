@@ -4,6 +4,7 @@ output formats with figures that follow injected faults, and the runner judges t
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from gpufleet.server.db.tables import (
     NodeCommandRow,
 )
 from gpufleet.server.services.checks import create_check_run
+from gpufleet.server.services.schedulers import scheduler_for
 from gpufleet.server.workers.checks.runner import CheckRunner
 from gpufleet.testing.app import RunningApp
 
@@ -112,10 +114,29 @@ async def test_a_memory_fault_fails_dcgm_on_that_gpu_raises_a_finding_and_a_pass
 
 
 async def test_a_busy_node_is_skipped_members_run_on_idle_nodes_admins_force(
-    database_url: str, tmp_path: Path
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with check_fleet(database_url, tmp_path) as fleet:
         job = fleet.busy("train-000")
+        # The nodes' jobs are asked for at once, not one node after the other.
+        async with fleet.app.ctx.db.session() as session:
+            cluster = await session.get(ClusterRow, fleet.cluster["id"])
+        assert cluster is not None
+        asked = type(scheduler_for(fleet.app.ctx.drivers, cluster))
+        lookups = {"now": 0, "most": 0}
+        jobs_on_node = asked.jobs_on_node
+
+        async def overlapping(self: Any, node: str) -> Any:
+            lookups["now"] += 1
+            lookups["most"] = max(lookups["most"], lookups["now"])
+            for _ in range(3):  # a scheduler call yields while it waits
+                await asyncio.sleep(0)
+            try:
+                return await jobs_on_node(self, node)
+            finally:
+                lookups["now"] -= 1
+
+        monkeypatch.setattr(asked, "jobs_on_node", overlapping)
         member = await member_client(fleet.app)
         body = {"nodes": ["train-000", "train-001"], "check": "gpu-burn"}
         run = (await fleet.run(body, member)).json()
@@ -126,6 +147,7 @@ async def test_a_busy_node_is_skipped_members_run_on_idle_nodes_admins_force(
         assert skipped["node"] == "train-000"
         assert f"running job {job}" in skipped["reason"]
         assert list(done["result"]["nodes"]) == [fleet.nodes["train-001"]["id"]]
+        assert lookups["most"] == 2, lookups  # both nodes' jobs asked for together
         # Only the busy node asked for: nothing to run it on.
         alone = (await fleet.run({"nodes": ["train-000"], "check": "gpu-burn"}, member)).json()
         ended = await fleet.until_ended(alone["id"])

@@ -15,6 +15,7 @@ transaction open, then ``ctx.locked()``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 
@@ -43,6 +44,7 @@ from gpufleet.server.workers.checks.planning import (
     target_of,
 )
 
+JOB_LOOKUPS = 16  # scheduler calls a run's start makes at once, asking for nodes' jobs
 START_ATTEMPTS = 3  # a backend that refuses this often (nodes keep getting busy): error
 DEADLINE_GRACE_S = 180.0  # past the plan's timeout: the agent's kill grace and a late answer
 
@@ -113,36 +115,47 @@ async def _idle_nodes(
     ctx: RunContext, loaded: Loaded
 ) -> tuple[list[NodeRow], list[dict[str, str]]]:
     """The nodes to check, and the skipped ones with why. Acceptance runs and forced
-    runs check busy nodes too; everything else fails closed."""
+    runs check busy nodes too; everything else fails closed. The nodes' jobs are asked
+    for ``JOB_LOOKUPS`` at a time (a run over 1,000 nodes asked one after another waited
+    on 1,000 scheduler calls in turn before it started)."""
     run = loaded.run
-    checked: list[NodeRow] = []
-    skipped: list[dict[str, str]] = []
     ask = not run.forced and run.purpose != "acceptance"
-    scheduler = None
-    if ask:
-        try:
-            scheduler = scheduler_for(ctx.drivers, loaded.cluster)
-        except Exception as exc:  # noqa: BLE001 - an unconfigured scheduler skips all
-            reason = f"job state unreadable (scheduler {loaded.cluster.scheduler}: {exc})"
-            return [], [_skip(n, reason) for n in ordered_nodes(loaded)]
-    for node in ordered_nodes(loaded):
+    nodes = ordered_nodes(loaded)
+    if not ask:
+        checkable = [NodeState(n.state) in CHECKABLE_STATES for n in nodes]
+        return (
+            [n for n, ok in zip(nodes, checkable, strict=True) if ok],
+            [
+                _skip(n, f"node is {n.state}")
+                for n, ok in zip(nodes, checkable, strict=True)
+                if not ok
+            ],
+        )
+    try:
+        scheduler = scheduler_for(ctx.drivers, loaded.cluster)
+    except Exception as exc:  # noqa: BLE001 - an unconfigured scheduler skips all
+        reason = f"job state unreadable (scheduler {loaded.cluster.scheduler}: {exc})"
+        return [], [_skip(n, reason) for n in nodes]
+    limit = asyncio.Semaphore(JOB_LOOKUPS)
+
+    async def why_not(node: NodeRow) -> str | None:
+        """Why ``node`` is not checked; None: it is."""
         if NodeState(node.state) not in CHECKABLE_STATES:
-            skipped.append(_skip(node, f"node is {node.state}"))
-            continue
-        if scheduler is None:
-            checked.append(node)
-            continue
+            return f"node is {node.state}"
         try:
-            jobs = await scheduler.jobs_on_node(node.scheduler_name or node.name)
+            async with limit:
+                jobs = await scheduler.jobs_on_node(node.scheduler_name or node.name)
         except DriverError as exc:
-            skipped.append(_skip(node, f"job state unreadable, not checked: {exc.message}"))
-            continue
-        if jobs:
-            listed = ", ".join(f"{j.job_id} ({j.user}, {j.account})" for j in jobs[:3])
-            more = f" and {len(jobs) - 3} more" if len(jobs) > 3 else ""
-            skipped.append(_skip(node, f"running job {listed}{more}; an admin may force the check"))
-            continue
-        checked.append(node)
+            return f"job state unreadable, not checked: {exc.message}"
+        if not jobs:
+            return None
+        listed = ", ".join(f"{j.job_id} ({j.user}, {j.account})" for j in jobs[:3])
+        more = f" and {len(jobs) - 3} more" if len(jobs) > 3 else ""
+        return f"running job {listed}{more}; an admin may force the check"
+
+    reasons = await asyncio.gather(*(why_not(n) for n in nodes))
+    checked = [n for n, why in zip(nodes, reasons, strict=True) if why is None]
+    skipped = [_skip(n, why) for n, why in zip(nodes, reasons, strict=True) if why is not None]
     return checked, skipped
 
 
