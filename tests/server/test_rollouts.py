@@ -20,6 +20,7 @@ from gpufleet.testing.fleet import SimFleet
 pytestmark = pytest.mark.long
 
 STEP_S = 30.0  # fake seconds a tick
+LONG_STEP_S = 300.0  # a tick while nothing is meant to move
 OLD = {"driver": "570.133.20", "cuda": "12.8", "nccl": "2.26.2", "os_image": "gpu-2026.09"}
 NEW = {"driver": "580.95.05", "cuda": "12.9", "nccl": "2.27.3", "os_image": "gpu-2026.12"}
 TZ = "Europe/Berlin"
@@ -85,8 +86,10 @@ async def test_sixteen_nodes_move_in_their_window_two_at_a_time_and_no_job_dies(
         closes = dt.datetime.fromisoformat(rollout["next_opening"]["end"])
         assert dt.timedelta(minutes=29) <= opens - fleet.clock.now() <= dt.timedelta(minutes=31)
 
-        # Nothing moves before the window opens.
-        for _ in range(int(25 * 60 / STEP_S)):
+        # Nothing moves before the window opens (five minutes a tick, then the usual).
+        for _ in range(int(20 * 60 / LONG_STEP_S)):
+            await fleet.tick(LONG_STEP_S)
+        for _ in range(int(5 * 60 / STEP_S)):
             await fleet.tick()
         assert not [r for r in await fleet.repairs(cluster=cid) if r["source"] == "rollout"]
         assert (await _rollout(fleet, rid))["status"] == "scheduled"
@@ -270,7 +273,11 @@ async def test_a_drain_unfinished_at_the_windows_close_waits_or_is_released(
             return bool((await fleet.node(first["id"]))["state"] == "draining")
 
         await fleet.until(draining, ticks=20, what="train-000 draining")
-        for _ in range(int(65 * 60 / STEP_S)):  # past the window's end
+        # The drain waits on the job through the window: five minutes a tick (every agent
+        # reports, every loop runs each time), then the usual ticks across its close.
+        for _ in range(int(50 * 60 / LONG_STEP_S)):
+            await fleet.tick(LONG_STEP_S)
+        for _ in range(int(15 * 60 / STEP_S)):  # past the window's end
             await fleet.tick()
         body = await _rollout(fleet, rid)
         by_name = {n["node_name"]: n for n in body["nodes"]}
