@@ -60,6 +60,7 @@ States are sinfo's compact ``%t`` form: ``idle``, ``alloc``, ``mix``, ``drain``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -398,10 +399,22 @@ class SlurmLab:
 
     def reset(self, *, timeout_s: float = 40.0) -> None:
         """Cancel every job and resume every node, then wait until each is idle: what a
-        test that shares the lab does when it ends."""
-        jobs = self.run("squeue", "-h", "-o", "%A").stdout.split()
-        if jobs:
-            self.run("scancel", *jobs, check=False)
+        test that shares the lab does when it ends.
+
+        The nodes are resumed once every job is gone: a job cancelled while slurmd
+        launches it can still fail its launch (the lab's cgroup v1 hierarchy races with
+        the epilog of the job before), and Slurm then drains its node ("batch job
+        complete failure") after a resume made too early, for the next test to find."""
+
+        def jobs() -> list[str]:
+            return self.run("squeue", "-h", "-o", "%A").stdout.split()
+
+        if listed := jobs():
+            self.run("scancel", *listed, check=False)
+            # A job held on a node that cannot finish it (its slurmd killed) stays: the
+            # nodes' idle wait below says so.
+            with contextlib.suppress(SlurmLabError):
+                self.wait_until(lambda: not jobs(), timeout_s=timeout_s, what="every job gone")
         for node in self.node_names:
             self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
         for node in self.node_names:

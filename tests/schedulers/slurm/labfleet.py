@@ -115,7 +115,10 @@ class LabFleet:
 async def lab_fleet(
     lab: SlurmLab, database_url: str, tmp_path: Path, **settings: object
 ) -> AsyncIterator[LabFleet]:
-    """Project ``ml`` with the cluster ``lab``: the lab's nodes, ready and in service."""
+    """Project ``ml`` with the cluster ``lab``: the lab's nodes, ready and in service.
+    The lab is reset first too: a node Slurm drained after the last test ended (a job
+    whose launch failed as it was cancelled) is not this test's to find."""
+    lab.reset()
     config = make_settings(
         data_dir=tmp_path / "data",
         database_url=database_url,

@@ -29,7 +29,6 @@ async def _rollout(fleet: LabFleet, rollout_id: str) -> dict[str, Any]:
 async def test_the_window_is_a_maint_reservation_that_keeps_long_jobs_off(
     slurm_lab: SlurmLab, database_url: str, tmp_path: Path
 ) -> None:
-    slurm_lab.reset()
     async with lab_fleet(slurm_lab, database_url, tmp_path) as fleet:
         client = fleet.app.client
         made = await client.post("/api/v1/stacks", json={"name": "lab-new", "driver": "580.95.05"})
