@@ -42,6 +42,7 @@ from gpufleet.agent.command_runner import (
     run_command,
 )
 from gpufleet.agent.sender import Backoff
+from gpufleet.agent.settings import KERNEL_BOOT_ID
 from gpufleet.client.agent import AgentClient
 from gpufleet.client.errors import ApiError, ServerUnreachable
 from gpufleet.core.agent_protocol import AGENT_RESTARTED, CommandResult, NodeCommand
@@ -58,9 +59,6 @@ _REFUSED_FOR_GOOD = frozenset({400, 404, 409, 413, 422})
 def new_boot_id() -> str:
     """One per agent process: the server records which run took each command."""
     return uuid.uuid4().hex
-
-
-KERNEL_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 def kernel_boot_id(path: Path = KERNEL_BOOT_ID) -> str | None:
@@ -163,11 +161,12 @@ class CommandJournal:
         """Entries an earlier agent left starting or running: kill what they left and
         record them failed. Returns their ids."""
         recovered: list[str] = []
+        boot = kernel_boot_id(self.boot_id_file)
         for command_id in self.ids():
             entry = self.load(command_id)
             if entry is None or entry.get("state") == "done":
                 continue
-            killed = _kill_leftover(entry, boot=kernel_boot_id(self.boot_id_file))
+            killed = _kill_leftover(entry, boot=boot)
             error = AGENT_RESTARTED + (f" (killed process group {killed})" if killed else "")
             result = CommandResult(
                 id=command_id,

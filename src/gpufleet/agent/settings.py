@@ -17,6 +17,9 @@ from gpufleet.agent.metrics_settings import MetricsSettings
 from gpufleet.client.http import parse_server_urls
 from gpufleet.schedulers.kubernetes.config import SERVICE_ACCOUNT_DIR
 
+# The kernel's boot id, new on every boot (what proves a reboot happened).
+KERNEL_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
 _LOG_SOURCE = re.compile(r"^(auto|kmsg|journal|none|file:.+)$")
 
 
@@ -215,7 +218,7 @@ class AgentSettings(MetricsSettings):
         description="IB devices to skip (restricted PFs on DGX/GB200 spam ACCESS_REG errors).",
     )
     boot_id_file: Path = Field(
-        default=Path("/proc/sys/kernel/random/boot_id"),
+        default=KERNEL_BOOT_ID,
         description=(
             "Where the kernel's boot id is read: a new one after a reboot is what proves a "
             "repair's reboot happened. Another path only where the host's /proc is mounted "
