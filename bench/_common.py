@@ -335,6 +335,18 @@ async def pg_server_version(url: str) -> str:
         await conn.close()
 
 
+async def pg_setting(url: str, name: str) -> str:
+    """A server setting (``SHOW name``): the figures of an update-heavy bench depend on
+    some, ``autovacuum`` first (this machine's PostgreSQL has it off, production never)."""
+    import asyncpg  # type: ignore[import-untyped,unused-ignore]
+
+    conn = await asyncpg.connect(pg_plain_url(url), timeout=10)
+    try:
+        return str(await conn.fetchval(f"SHOW {name}"))
+    finally:
+        await conn.close()
+
+
 def sqlite_versions() -> str:
     import sqlite3
 

@@ -53,6 +53,7 @@ from _common import (
     pg_drop_database,
     pg_plain_url,
     pg_server_version,
+    pg_setting,
     pg_url_with_database,
     sigterm_cancels,
     sqlite_versions,
@@ -1366,7 +1367,8 @@ async def bench_one(db: str, args: argparse.Namespace) -> list[DbRun]:
             await pg_create_database(args.pg_url, pg_name)
             db_url = pg_url_with_database(args.pg_url, pg_name)
             env["GPUFLEET_DATABASE_URL"] = db_url
-            first.version = (await pg_server_version(db_url)).split(" on ")[0]
+            version = (await pg_server_version(db_url)).split(" on ")[0]
+            first.version = f"{version}, autovacuum {await pg_setting(db_url, 'autovacuum')}"
         else:
             first.version = sqlite_versions()
         servers.append(ServerProcess(data_dir=tmp / "data", env_overrides=env))

@@ -441,6 +441,13 @@ _PG_UPDATE_REPORTED = text(
     "WHERE node.id = v.b_id AND node.last_report_seq < v.last_report_seq"
 )
 
+# The columns every report writes: no index may cover one (db/tables.py, NodeRow), so
+# these updates stay heap-only on PostgreSQL.
+WRITTEN_BY_EVERY_REPORT: dict[str, tuple[str, ...]] = {
+    "node": _REPORT_SHAPE,
+    "gpu": tuple(c for c, _ in _SAMPLE_COLUMNS),
+}
+
 
 def _arrays(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[Any]]:
     return {k: [r[k] for r in rows] for k in keys}
