@@ -41,6 +41,7 @@ from typing import Any
 
 from gpufleet.agent.collectors.base import EmitEvents
 from gpufleet.agent.detectors import event_from_match
+from gpufleet.agent.settings import KERNEL_BOOT_ID
 from gpufleet.core.clock import Clock, SystemClock
 from gpufleet.core.signatures.matcher import KernelLogMatcher
 
@@ -64,8 +65,9 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def boot_id() -> str:
+    """The running kernel's boot id: /dev/kmsg's sequence numbers start again with it."""
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
+        return KERNEL_BOOT_ID.read_text(encoding="utf-8").strip()
     except OSError:
         return ""
 
