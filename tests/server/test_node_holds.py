@@ -253,19 +253,25 @@ class _PowerSaving(_NoDrain):
         return None
 
 
+def _read_each_time(scheduler: Scheduler) -> NodeListing:
+    """A listing that reads the scheduler's nodes at every question (no pass to share)."""
+    return NodeListing(lambda: scheduler, max_age_s=-1.0)
+
+
 async def test_acceptance_does_not_drain_a_node_resumed_for_a_job() -> None:
     scheduler = _PowerSaving()
+    own = _read_each_time(scheduler)
     reason = acceptance_hold()
-    assert await allocated_before_boot(scheduler, "cloud1")
-    assert not await allocated_before_boot(scheduler, "cloud2")  # nothing waits there
-    assert not await allocated_before_boot(scheduler, "lab-001")
-    assert not await hold_for_acceptance(scheduler, "cloud1", reason=reason)
-    assert await hold_for_acceptance(scheduler, "cloud2", reason=reason)
-    assert await hold_for_acceptance(scheduler, "lab-001", reason=reason)
+    assert await allocated_before_boot(own, "cloud1")
+    assert not await allocated_before_boot(own, "cloud2")  # nothing waits there
+    assert not await allocated_before_boot(own, "lab-001")
+    assert not await hold_for_acceptance(own, "cloud1", reason=reason)
+    assert await hold_for_acceptance(own, "cloud2", reason=reason)
+    assert await hold_for_acceptance(own, "lab-001", reason=reason)
     assert scheduler.drained == ["cloud2", "lab-001"]
     # unreadable: drained as ever (and the drain says what is wrong, in a real driver)
     blind = _PowerSaving(readable=False)
-    assert await hold_for_acceptance(blind, "cloud1", reason=reason)
+    assert await hold_for_acceptance(_read_each_time(blind), "cloud1", reason=reason)
     assert blind.drained == ["cloud1"]
 
 
@@ -274,27 +280,21 @@ async def test_the_holds_of_one_pass_read_the_scheduler_once() -> None:
     reason = acceptance_hold()
     names = ["cloud1", "cloud2", "lab-001"] * 100
     listing = NodeListing(lambda: scheduler)
-    held = await asyncio.gather(
-        *(hold_for_acceptance(scheduler, n, reason=reason, listing=listing) for n in names)
-    )
-    assert scheduler.reads == 1  # 300 holds, one read (without the listing: 300)
+    held = await asyncio.gather(*(hold_for_acceptance(listing, n, reason=reason) for n in names))
+    assert scheduler.reads == 1  # 300 holds, one read (without sharing it: 300)
     assert held == [False, True, True] * 100  # the same answers as a read each
     assert sorted(set(scheduler.drained)) == ["cloud2", "lab-001"]
     # An older list is read again (a long pass).
     stale = NodeListing(lambda: scheduler, max_age_s=0.0)
     for name in ("cloud1", "cloud2"):
-        await hold_for_acceptance(scheduler, name, reason=reason, listing=stale)
+        await hold_for_acceptance(stale, name, reason=reason)
     assert scheduler.reads == 3
     # A scheduler that does not answer is asked once for the pass, not once a node; every
-    # node is drained as without a listing.
+    # node is drained as with a read each.
     blind = _PowerSaving(readable=False)
     blind_listing = NodeListing(lambda: blind)
-    await asyncio.gather(
-        *(hold_for_acceptance(blind, n, reason=reason, listing=blind_listing) for n in names)
-    )
+    await asyncio.gather(*(hold_for_acceptance(blind_listing, n, reason=reason) for n in names))
     assert blind.reads == 1 and len(blind.drained) == len(names)
-    with pytest.raises(ValueError, match="another scheduler"):
-        await allocated_before_boot(blind, "cloud1", listing=listing)
 
 
 async def test_provisioning_reads_the_scheduler_once_a_pass_for_all_its_nodes(

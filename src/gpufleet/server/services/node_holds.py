@@ -117,9 +117,7 @@ class NodeListing:
             return self._nodes
 
 
-async def hold_for_acceptance(
-    scheduler: Scheduler, name: str, *, reason: HoldReason, listing: NodeListing | None = None
-) -> bool:
+async def hold_for_acceptance(listing: NodeListing, name: str, *, reason: HoldReason) -> bool:
     """Hold a node to be tested, unless its scheduler already allocated it a job and
     waits for the machine (Slurm's power saving resumed it for that job): a drain then
     would requeue the job ("DRAIN/FAIL request for node which is allocated and being
@@ -128,21 +126,17 @@ async def hold_for_acceptance(
     (``docs/slurm-power-saving.md``); a failed one gets the drain then, which hands its
     job back to the queue at once. Returns whether the drain was made (as
     ``hold_in_scheduler``); raises ``DriverError`` when it fails. ``listing``: the
-    pass's shared read of the scheduler's nodes (one of ``scheduler``'s)."""
-    if await allocated_before_boot(scheduler, name, listing=listing):
+    scheduler, with the pass's shared read of its nodes."""
+    if await allocated_before_boot(listing, name):
         return False
-    return await hold_in_scheduler(scheduler, name, reason=reason)
+    return await hold_in_scheduler(listing.scheduler, name, reason=reason)
 
 
-async def allocated_before_boot(
-    scheduler: Scheduler, name: str, *, listing: NodeListing | None = None
-) -> bool:
+async def allocated_before_boot(listing: NodeListing, name: str) -> bool:
     """The scheduler waits for node ``name``'s machine with work allocated to it. False
     when it cannot be read (the drain that follows says what is wrong)."""
-    if listing is not None and listing.scheduler is not scheduler:
-        raise ValueError("the node listing is another scheduler's")
     try:
-        nodes = await (listing.nodes() if listing is not None else scheduler.list_nodes())
+        nodes = await listing.nodes()
     except DriverError:
         return False
     # Slurm says such a node is NOT_RESPONDING too (no slurmd yet): its jobs tell.

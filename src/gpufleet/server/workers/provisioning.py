@@ -322,9 +322,7 @@ class ProvisioningLoop(LoopService):
         if not cluster.acceptance_tests:
             return
         try:
-            await hold_for_acceptance(
-                listing.scheduler, node.name, reason=acceptance_hold(), listing=listing
-            )
+            await hold_for_acceptance(listing, node.name, reason=acceptance_hold())
         except DriverError as exc:
             log.debug("provisioning: node %s: early hold: %s", node.name, exc)
 
@@ -408,9 +406,7 @@ class ProvisioningLoop(LoopService):
             name = row.scheduler_name or row.name
         # Acceptance: no job may land on the node while it is tested.
         try:
-            drained = await hold_for_acceptance(
-                listing.scheduler, name, reason=acceptance_hold(), listing=listing
-            )
+            drained = await hold_for_acceptance(listing, name, reason=acceptance_hold())
         except DriverError as exc:
             log.warning("provisioning: node %s: drain for acceptance: %s", node.name, exc)
             return  # next pass tries again

@@ -24,7 +24,7 @@ from gpufleet.checks.models import CheckKind
 from gpufleet.checks.runners import CheckPlan, NcclScope
 from gpufleet.core.enums import CheckStatus, NodeState
 from gpufleet.core.errors import DriverError
-from gpufleet.schedulers.base import SchedNodeState
+from gpufleet.schedulers.base import SchedNodeState, Scheduler
 from gpufleet.server.db.tables import CheckRunRow, NodeRow
 from gpufleet.server.services.check_backends.base import CheckBackend, StartRefused
 from gpufleet.server.services.check_findings import apply_check_findings
@@ -119,29 +119,22 @@ async def _idle_nodes(
     for ``JOB_LOOKUPS`` at a time (a run over 1,000 nodes asked one after another waited
     on 1,000 scheduler calls in turn before it started)."""
     run = loaded.run
-    ask = not run.forced and run.purpose != "acceptance"
     nodes = ordered_nodes(loaded)
-    if not ask:
-        checkable = [NodeState(n.state) in CHECKABLE_STATES for n in nodes]
-        return (
-            [n for n, ok in zip(nodes, checkable, strict=True) if ok],
-            [
-                _skip(n, f"node is {n.state}")
-                for n, ok in zip(nodes, checkable, strict=True)
-                if not ok
-            ],
-        )
-    try:
-        scheduler = scheduler_for(ctx.drivers, loaded.cluster)
-    except Exception as exc:  # noqa: BLE001 - an unconfigured scheduler skips all
-        reason = f"job state unreadable (scheduler {loaded.cluster.scheduler}: {exc})"
-        return [], [_skip(n, reason) for n in nodes]
+    scheduler: Scheduler | None = None  # None: busy nodes are checked too
+    if not run.forced and run.purpose != "acceptance":
+        try:
+            scheduler = scheduler_for(ctx.drivers, loaded.cluster)
+        except Exception as exc:  # noqa: BLE001 - an unconfigured scheduler skips all
+            reason = f"job state unreadable (scheduler {loaded.cluster.scheduler}: {exc})"
+            return [], [_skip(n, reason) for n in nodes]
     limit = asyncio.Semaphore(JOB_LOOKUPS)
 
     async def why_not(node: NodeRow) -> str | None:
         """Why ``node`` is not checked; None: it is."""
         if NodeState(node.state) not in CHECKABLE_STATES:
             return f"node is {node.state}"
+        if scheduler is None:
+            return None
         try:
             async with limit:
                 jobs = await scheduler.jobs_on_node(node.scheduler_name or node.name)
