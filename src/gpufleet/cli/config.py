@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpufleet.cli.env import ENV_TOKEN as ENV_TOKEN
 from gpufleet.cli.env import ENV_URL as ENV_URL
+from gpufleet.cli.env import GlobalOptions as GlobalOptions
 from gpufleet.cli.errors import CliError
 from gpufleet.client.api import ApiClient
 from gpufleet.client.http import parse_server_urls
@@ -34,14 +34,6 @@ class Credentials(BaseModel):
 
     url: str
     token: str
-
-
-@dataclass(frozen=True)
-class GlobalOptions:
-    """What the top-level ``--url``/``--token`` (or their env vars) said, if anything."""
-
-    url: str | None = None
-    token: str | None = None
 
 
 def config_dir() -> Path:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from gpufleet.cli.env import ENV_TOKEN, ENV_URL
+from gpufleet.cli.env import ENV_TOKEN, ENV_URL, GlobalOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,15 +145,19 @@ class _Group(TyperGroup):
         return name, command, rest
 
     def invoke(self, ctx: Any) -> Any:
-        from rich.text import Text
-
-        from gpufleet.cli.errors import CliError, describe
-        from gpufleet.cli.output import stderr
-        from gpufleet.client.errors import ApiError, ServerUnreachable
-
         try:
             return super().invoke(ctx)
-        except (ApiError, ServerUnreachable, CliError) as exc:
+        except Exception as exc:
+            # Imported only on an error: cli.errors imports httpx (a twentieth of a
+            # second), which a command that needs no server (``scan``) never loads.
+            from rich.text import Text
+
+            from gpufleet.cli.errors import CliError, describe
+            from gpufleet.cli.output import stderr
+            from gpufleet.client.errors import ApiError, ServerUnreachable
+
+            if not isinstance(exc, ApiError | ServerUnreachable | CliError):
+                raise
             message, code = describe(exc)
             stderr().print(Text(f"error: {message}", style="red"))
             raise typer.Exit(code) from exc
@@ -184,8 +188,6 @@ def _global(
         typer.Option("--token", envvar=ENV_TOKEN, help="API token; overrides the saved login."),
     ] = None,
 ) -> None:
-    from gpufleet.cli.config import GlobalOptions
-
     ctx.obj = GlobalOptions(url=url, token=token)
 
 

@@ -202,3 +202,40 @@ async def test_the_agent_follower_finds_what_scan_finds(engine: str) -> None:
     # Without a matcher of its own, the follower compiles the same engine as scan.
     default = KernelLogFollower(_Chunks(b"", 1), matcher=None)  # type: ignore[arg-type]
     assert default._matcher._program is _program(None)
+
+
+def test_newline_counts_of_a_big_chunk_are_bytes_count() -> None:
+    """A chunk of 1 MiB or more is counted with numpy (a dependency: it must import);
+    every gap gives what ``bytes.count`` gives, the chunk's ends included."""
+    assert prefilter._numpy() is not None
+    rng = random.Random(7)
+    data = _noisy_log(5, 40_000)
+    end = data.rfind(b"\n") + 1
+    assert end >= prefilter._NUMPY_MIN
+    for starts in (
+        [],
+        [0],
+        [0, 0, 1, end - 1, end],
+        sorted(rng.randrange(end + 1) for _ in range(2_000)),
+    ):
+        before, total = prefilter.newlines_before(data, end, starts)
+        assert before == [data.count(b"\n", 0, s) for s in starts]
+        assert total == data.count(b"\n", 0, end)
+    # The next chunk of the thread reuses the compare's buffer: a shorter one, then one
+    # with newlines where the first had none, count their own bytes only.
+    short = data[: data.rfind(b"\n", 0, end // 2) + 1].replace(b"\n", b" ", 1_000)
+    assert prefilter.newlines_before(short, len(short), [])[1] == short.count(b"\n")
+    # ``end`` before the buffer's end: what lies past it is not counted.
+    assert prefilter.newlines_before(data, end // 2, [])[1] == data.count(b"\n", 0, end // 2)
+
+
+def test_line_numbers_agree_below_and_above_the_numpy_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = _noisy_log(6, 40_000)
+    end = data.rfind(b"\n") + 1
+    big = find_candidates(data, end, program=_program(None))
+    scanned = _scan(data, "auto", 1 << 22)
+    monkeypatch.setattr(prefilter, "_NUMPY_MIN", 1 << 62)
+    assert find_candidates(data, end, program=_program(None)) == big
+    assert _scan(data, "auto", 1 << 22) == scanned

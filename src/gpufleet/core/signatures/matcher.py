@@ -39,6 +39,7 @@ from gpufleet.core.signatures.prefilter import (
     HitFinder,
     LineFinder,
     make_line_finder,
+    newlines_before,
     uses_hyperscan,
 )
 
@@ -294,14 +295,11 @@ def find_candidates(
     """
     prog = program if program is not None else _program(None)
     end = len(buf) if end is None else end
-    lines: list[tuple[int, bytes]] = []
-    pos, number = 0, 0
-    count, find = buf.count, buf.find
-    for start in prog.finder.line_starts(buf, end):
-        number += count(b"\n", pos, start)
-        lines.append((number + 1, buf[start : find(b"\n", start, end)]))
-        pos = start
-    return lines, number + count(b"\n", pos, end)
+    starts = prog.finder.line_starts(buf, end)
+    before, newlines = newlines_before(buf, end, starts)
+    find = buf.find
+    lines = [(n + 1, buf[s : find(b"\n", s, end)]) for s, n in zip(starts, before, strict=True)]
+    return lines, newlines
 
 
 def select_lines(
@@ -339,15 +337,10 @@ def select_lines(
             i = bisect.bisect_right(offsets, h)  # the line after the marked one
             chosen.update(range(i, min(i + span, len(raws))))
             spill_out = max(spill_out, i + span - len(raws))
-    lines: list[tuple[int, bytes]] = []
-    pos, number = 0, 0
-    count = buf.count
-    for i in sorted(chosen):
-        start = cands[i]
-        number += count(b"\n", pos, start)
-        lines.append((number + 1, raws[i]))
-        pos = start
-    return lines, number + count(b"\n", pos, end), spill_out
+    picked = sorted(chosen)
+    before, newlines = newlines_before(buf, end, [cands[i] for i in picked])
+    lines = [(n + 1, raws[i]) for i, n in zip(picked, before, strict=True)]
+    return lines, newlines, spill_out
 
 
 # Compiled programs by catalog identity and engine (0: the packaged catalog). The
