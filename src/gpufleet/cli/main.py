@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from gpufleet.cli.coercion import lighten
 from gpufleet.cli.env import ENV_TOKEN, ENV_URL, GlobalOptions
 
 
@@ -108,12 +109,12 @@ def load_command(name: str) -> Any:
     if isinstance(target, typer.Typer):
         group = typer.main.get_group(target)
         group.name = name
-        return group
+        return lighten(group)
     single = typer.Typer()
     single.command(name)(target)
     command = typer.main.get_command(single)
     command.name = name
-    return command
+    return lighten(command)
 
 
 class _Placeholder(TyperCommand):
@@ -136,6 +137,11 @@ class _Group(TyperGroup):
         if found is not None or cmd_name not in COMMANDS:
             return found
         return _Placeholder(cmd_name, COMMANDS[cmd_name].help)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        lighten(self)  # the global options
+        rest: list[str] = super().parse_args(ctx, args)
+        return rest
 
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name, command, rest = super().resolve_command(ctx, args)

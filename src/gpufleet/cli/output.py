@@ -11,10 +11,9 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -63,7 +62,10 @@ STATE_STYLES = {
 }
 SEVERITY_STYLES = {"info": "dim", "warning": "yellow", "critical": "red", "fatal": "bold red"}
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:  # pydantic is the API commands' (a twentieth of a second); not scan's
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 
 # Piped output has no terminal width; rich would assume 80 columns and fold every
