@@ -239,3 +239,28 @@ def test_line_numbers_agree_below_and_above_the_numpy_size(
     monkeypatch.setattr(prefilter, "_NUMPY_MIN", 1 << 62)
     assert find_candidates(data, end, program=_program(None)) == big
     assert _scan(data, "auto", 1 << 22) == scanned
+
+
+@pytest.mark.parametrize("prior", [None, "4"])
+def test_numpy_loads_with_one_blas_thread_and_leaves_the_environment_as_it_was(
+    monkeypatch: pytest.MonkeyPatch, prior: str | None
+) -> None:
+    import os
+
+    seen: list[str | None] = []
+    real_import = __import__
+
+    def spy(name: str, *args: object, **kwargs: object) -> object:
+        if name == "numpy":
+            seen.append(os.environ.get("OPENBLAS_NUM_THREADS"))
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    if prior is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", prior)
+    monkeypatch.setattr(prefilter, "_np", None)
+    monkeypatch.setattr("builtins.__import__", spy)
+    assert prefilter._numpy() is not None
+    assert seen == ["1"]
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == prior

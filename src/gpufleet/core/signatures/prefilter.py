@@ -22,6 +22,7 @@ literals); every engine reports the same findings.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -265,17 +266,30 @@ def _starts_of(buf: bytes, end: int, ends: list[int]) -> list[int]:
 # cost are not worth it (the agent's follower reads a few lines at a time).
 _NUMPY_MIN = 1 << 20
 _np: ModuleType | None = None
+_BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 _local = threading.local()
 
 
 def _numpy() -> ModuleType | None:
-    """numpy, imported on the first big chunk (a tenth of a second: not at start-up)."""
+    """numpy, imported on the first big chunk (a tenth of a second: not at start-up).
+
+    Its OpenBLAS starts a thread per CPU when it loads, which costs as much CPU as the
+    import again; nothing here multiplies matrices, so it loads with one (the variable
+    is put back afterwards: child processes see the caller's environment).
+    """
     global _np
     if _np is None:
+        prior = os.environ.get(_BLAS_THREADS)
+        os.environ[_BLAS_THREADS] = "1"
         try:
             import numpy
         except ImportError:  # pragma: no cover - a dependency; bytes.count is the fallback
             return None
+        finally:
+            if prior is None:
+                del os.environ[_BLAS_THREADS]
+            else:
+                os.environ[_BLAS_THREADS] = prior
         _np = numpy
     return _np
 
