@@ -229,6 +229,26 @@ def test_newline_counts_of_a_big_chunk_are_bytes_count() -> None:
     assert prefilter.newlines_before(data, end // 2, [])[1] == data.count(b"\n", 0, end // 2)
 
 
+def test_a_chunk_bigger_than_the_kept_buffer_counts_in_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    monkeypatch.setattr(prefilter, "_local", threading.local())
+    kept = prefilter._NUMPY_MIN * 3 // 2
+    monkeypatch.setattr(prefilter, "_SCRATCH", kept)
+    data = _noisy_log(8, 40_000)
+    end = data.rfind(b"\n") + 1
+    assert end > kept
+    starts = sorted(random.Random(8).randrange(end + 1) for _ in range(500))
+    before, total = prefilter.newlines_before(data, end, starts)
+    assert (before, total) == ([data.count(b"\n", 0, s) for s in starts], data.count(b"\n"))
+    assert len(prefilter._local.newline) == kept  # the kept one stayed its size
+    small = data[: data.rfind(b"\n", 0, kept) + 1]  # numpy's, in the kept buffer
+    assert prefilter._NUMPY_MIN <= len(small) <= kept
+    assert prefilter.newlines_before(small, len(small), [])[1] == small.count(b"\n")
+
+
 def test_line_numbers_agree_below_and_above_the_numpy_size(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -268,6 +268,8 @@ _NUMPY_MIN = 1 << 20
 _np: ModuleType | None = None
 _BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 _local = threading.local()
+# The compare's buffer kept per thread: a CLI chunk (4 MiB) and the partial line before it.
+_SCRATCH = 5 << 20
 
 
 def _numpy() -> ModuleType | None:
@@ -312,10 +314,13 @@ def newlines_before(buf: bytes, end: int, starts: list[int]) -> tuple[list[int],
             pos = start
         return out, number + count(b"\n", pos, end)
     # The compare writes into a buffer kept per thread (used only within this call): a
-    # fresh 4 MiB array a chunk costs its page faults, about as much as the compare.
+    # fresh 4 MiB array a chunk costs its page faults, about as much as the compare. A
+    # chunk bigger than the kept size gets an array of its own, freed with it.
     scratch = getattr(_local, "newline", None)
-    if scratch is None or len(scratch) < end:
-        scratch = _local.newline = np.empty(max(end, 4 << 20), dtype=bool)
+    if scratch is None:
+        scratch = _local.newline = np.empty(_SCRATCH, dtype=bool)
+    if end > len(scratch):
+        scratch = np.empty(end, dtype=bool)
     newline = np.equal(np.frombuffer(buf, np.uint8, count=end), 10, out=scratch[:end])
     count_nonzero = np.count_nonzero
     for start in starts:
