@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any, get_args, get_origin
 
 from typer._coercion import RuntimeParam, TypeDescriptor, build_runtime_param
@@ -79,15 +80,17 @@ class LightParam(RuntimeParam):
     """A parameter's coercion: :func:`fast_value`, else typer's own."""
 
     descriptor: TypeDescriptor = field(compare=False, kw_only=True)
-    _full: list[RuntimeParam] = field(default_factory=list, compare=False, kw_only=True)
+
+    @cached_property
+    def _typers(self) -> RuntimeParam:
+        """typer's own coercion, built (pydantic imported) the first time it is needed."""
+        return build_runtime_param(self.descriptor)
 
     def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
         found = fast_value(self.annotation, self.parameter_info, value, ctx)
         if found is not MISS:
             return found
-        if not self._full:
-            self._full.append(build_runtime_param(self.descriptor))
-        return self._full[0]._coerce_value(value, param=param, ctx=ctx)
+        return self._typers._coerce_value(value, param=param, ctx=ctx)
 
 
 def _params(command: Any) -> Iterator[_TyperParameter]:
