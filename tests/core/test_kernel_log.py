@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from gpufleet.core import kernel_log as kl
 from gpufleet.core.kernel_log import parse_line
 
 MSG = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -114,3 +118,63 @@ def test_fabric_manager_stamp() -> None:
 def test_garbage_never_raises() -> None:
     for text in ["", "\n", "[", "[]", "<", "<999>", "9,", "kern  :", "\x00\xff", "[ 1.0"]:
         assert isinstance(parse_line(text).message, str)
+
+
+# The pattern ``[stamp] host tag: `` was matched with before the stamp and what follows
+# it were split (kernel_log._host_after_mono): the split must find what it found.
+_MONO_HOST = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]\s+" + kl._HOST + r"\s+" + kl._TAG)
+_TAILS = st.lists(
+    st.one_of(
+        st.text(alphabet=st.sampled_from(" \t:[]<>.-_@/0123456789aZ\u00a0\u0661ſK"), max_size=8),
+        st.sampled_from(["gpu-7", "kernel:", "kernel[0]:", "NVRM:", "Xid", " ", "\t", ": "]),
+    ),
+    max_size=6,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    head=st.one_of(st.from_regex(_MONO_HOST, fullmatch=True), st.from_regex(kl._BRACKET_MONO)),
+    tail=_TAILS,
+)
+@example(head="[1.5]", tail="gpu-7 kernel: x")  # no space after the stamp: no host
+@example(head="[ 1.5]", tail="\t gpu-7 kernel[0]: x")
+@example(head="[ 1.5 <0.1>] ", tail="gpu-7 kernel: x")  # a delta: no host either
+@example(head="[1.5] ", tail="NVRM: Xid: 4")  # NVRM: is no host
+def test_host_after_a_monotonic_stamp_is_what_one_pattern_found(head: str, tail: str) -> None:
+    text = head + tail
+    stamp = kl._BRACKET_MONO.match(text)
+    whole = _MONO_HOST.match(text)
+    if stamp is None:
+        assert whole is None
+        return
+    found = kl._host_after_mono(text, stamp)
+    if whole is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert (found["host"], found.end()) == (whole["host"], whole.end())
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    head=st.one_of(st.from_regex(kl._RFC3164), st.from_regex(kl._SHORT_FULL)),
+    tail=_TAILS,
+)
+def test_the_month_check_lets_every_syslog_header_through(head: str, tail: str) -> None:
+    # split_line tries the two header patterns only on text that passes _month_like.
+    text = head + tail
+    if text[:1].isupper() and (kl._RFC3164.match(text) or kl._SHORT_FULL.match(text)):
+        assert kl._month_like(text)
+
+
+def test_split_line_is_parse_line_as_a_tuple() -> None:
+    for prefix in ("", "[ 1.5] ", "[ 1.5] gpu-7 kernel: ", "Mar  5 10:12:01 gpu-7 kernel: "):
+        parsed = parse_line(prefix + MSG, year=2024)
+        assert kl.split_line(prefix + MSG, 2024) == (
+            parsed.message,
+            parsed.timestamp,
+            parsed.uptime_s,
+            parsed.host,
+            parsed.level,
+        )

@@ -8,6 +8,7 @@ with the same output as one pass.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import itertools
 import json
@@ -15,11 +16,12 @@ import math
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from json.encoder import encode_basestring as _encode_str  # the C one where built
 from pathlib import Path
-from typing import Annotated, BinaryIO, cast
+from typing import Annotated, BinaryIO, TypeVar, cast
 
 import typer
 from rich.text import Text
@@ -205,29 +207,44 @@ def scan_file_parallel(path: str, jobs: int) -> list[Found]:
     before the matches of the line that completed it (it is older than any window the
     next range opened).
     """
-    found: list[Found] = []
-    for number, uuid, payload in _parallel(path, jobs, render=False):
-        assert isinstance(payload, Match)
-        found.append((payload, number, uuid))
-    return found
+    return _parallel(path, jobs, render=False, finish=_found)
+
+
+def _found(payload: Match | _Parts, number: int | None, uuid: str | None) -> Found:
+    assert isinstance(payload, Match)
+    return payload, number, uuid
+
+
+def _finished_object(payload: Match | _Parts, number: int | None, uuid: str | None) -> str:
+    assert isinstance(payload, tuple)
+    return _object(payload, number, uuid)
 
 
 def scan_file_json(path: str, jobs: int) -> str:
     """:func:`findings_json` of :func:`scan_file_parallel`, the objects written by the
     workers (only the line number and the UUID are filled in here)."""
-    objects: list[str] = []
-    for number, uuid, payload in _parallel(path, jobs, render=True):
-        assert isinstance(payload, tuple)
-        objects.append(_object(payload, number, uuid))
-    return _array(objects)
+    return _array(_parallel(path, jobs, render=True, finish=_finished_object))
+
+
+_T = TypeVar("_T")
 
 
 def _parallel(
-    path: str, jobs: int, *, render: bool
-) -> list[tuple[int | None, str | None, Match | _Parts]]:
+    path: str,
+    jobs: int,
+    *,
+    render: bool,
+    finish: Callable[[Match | _Parts, int | None, str | None], _T],
+) -> list[_T]:
+    """The ranges' matches in order, each given to ``finish`` with its line number and
+    UUID. The first range's are finished while the other workers still run."""
     size = os.path.getsize(path)
     ranges = _split(path, size, jobs)
     last = len(ranges) - 1
+    keyed: list[tuple[int, int, int, _T]] = []
+    spilled = False
+    offset = 0
+    known: dict[str, str] = {}
     ctx = multiprocessing.get_context("fork")  # the compiled program is inherited
     with ProcessPoolExecutor(max_workers=max(1, last), mp_context=ctx) as pool:
         futures = [
@@ -235,22 +252,19 @@ def _parallel(
             for k, (a, b) in enumerate(ranges)
             if k
         ]
-        results = [_scan_range(path, *ranges[0], last=last == 0, render=render)] if ranges else []
-        results.extend(fut.result() for fut in futures)
-    keyed: list[tuple[int, int, int, tuple[int | None, str | None, Match | _Parts]]] = []
-    spilled = False
-    offset = 0
-    known: dict[str, str] = {}
-    for k, r in enumerate(results):
-        spilled = spilled or bool(r.spill)
-        for seq, (emit, number, pci, uuid, payload) in enumerate(itertools.chain(r.items, r.spill)):
-            if uuid is None and pci is not None:
-                uuid = known.get(pci)
-            if number is not None:
-                number += offset
-            keyed.append((emit + offset, k, seq, (number, uuid, payload)))
-        known.update(r.uuids)
-        offset += r.newlines
+        first = [_scan_range(path, *ranges[0], last=last == 0, render=render)] if ranges else []
+        for k, r in enumerate(itertools.chain(first, (fut.result() for fut in futures))):
+            spilled = spilled or bool(r.spill)
+            for seq, (emit, number, pci, uuid, payload) in enumerate(
+                itertools.chain(r.items, r.spill)
+            ):
+                if uuid is None and pci is not None:
+                    uuid = known.get(pci)
+                if number is not None:
+                    number += offset
+                keyed.append((emit + offset, k, seq, finish(payload, number, uuid)))
+            known.update(r.uuids)
+            offset += r.newlines
     if spilled:
         keyed.sort(key=lambda item: item[:3])
     return [item[3] for item in keyed]
@@ -285,25 +299,49 @@ def _jv(value: object) -> str:
 def _render(m: Match) -> _Parts:
     """``m``'s JSON object, as ``json.dumps(finding_json(m), indent=2)`` nests it in a
     list, cut around the values of "gpu_uuid" and "line_number"."""
-    stamp = m.timestamp.isoformat() if m.timestamp else None
+    stamp = m.timestamp
+    host = m.host
+    return (
+        _head(m.signature, m.title, m.xid, m.sxid, m.pci, m.gpu_index),
+        _middle(m.severity.value, m.action.value),
+        # isoformat() is digits, "-", ":", "T", "." and "+": nothing JSON escapes.
+        (
+            ',\n    "timestamp": null'
+            if stamp is None
+            else f',\n    "timestamp": "{stamp.isoformat()}"'
+        )
+        + f',\n    "uptime_s": {_jv(m.uptime_s)},\n'
+        + f'    "host": {"null" if host is None else _encode_str(host)},\n'
+        + f'    "line": {_encode_str(m.line)}\n'
+        + "  }",
+    )
+
+
+# A log names few signatures, GPUs and verdicts: their JSON is written once each.
+@functools.lru_cache(maxsize=4096)
+def _head(
+    signature: str,
+    title: str,
+    xid: int | None,
+    sxid: int | None,
+    pci: str | None,
+    index: int | None,
+) -> str:
     return (
         "  {\n"
-        f'    "signature": {_jv(m.signature)},\n'
-        f'    "title": {_jv(m.title)},\n'
-        f'    "xid": {_jv(m.xid)},\n'
-        f'    "sxid": {_jv(m.sxid)},\n'
-        f'    "pci": {_jv(m.pci)},\n'
-        f'    "gpu_index": {_jv(m.gpu_index)},\n'
-        '    "gpu_uuid": ',
-        f',\n    "severity": {_jv(m.severity.value)},\n'
-        f'    "action": {_jv(m.action.value)},\n'
-        '    "line_number": ',
-        f',\n    "timestamp": {_jv(stamp)},\n'
-        f'    "uptime_s": {_jv(m.uptime_s)},\n'
-        f'    "host": {_jv(m.host)},\n'
-        f'    "line": {_jv(m.line)}\n'
-        "  }",
+        f'    "signature": {_jv(signature)},\n'
+        f'    "title": {_jv(title)},\n'
+        f'    "xid": {_jv(xid)},\n'
+        f'    "sxid": {_jv(sxid)},\n'
+        f'    "pci": {_jv(pci)},\n'
+        f'    "gpu_index": {_jv(index)},\n'
+        '    "gpu_uuid": '
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _middle(severity: str, action: str) -> str:
+    return f',\n    "severity": {_jv(severity)},\n    "action": {_jv(action)},\n    "line_number": '
 
 
 def _object(parts: _Parts, number: int | None, uuid: str | None) -> str:

@@ -74,8 +74,8 @@ _SHORT_FULL = re.compile(
     r"[A-Z][a-z]{2} (?P<date>\d{4}-\d{2}-\d{2}) (?P<time>\d{2}:\d{2}:\d{2})(?:\.\d+)? "
     r"(?P<zone>[A-Z]{1,5}|[+-]\d{4}) " + _HOST + r"\s+" + _TAG
 )
-# Monotonic stamp then host then tag: ``journalctl -o short-monotonic``.
-_MONO_HOST = re.compile(r"\[\s*(?P<mono>\d+\.\d+)\]\s+" + _HOST + r"\s+" + _TAG)
+# After a monotonic stamp's ``]``, host then tag: ``journalctl -o short-monotonic``.
+_AFTER_MONO = re.compile(r"\s+" + _HOST + r"\s+" + _TAG)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +98,10 @@ class LogLine:
 def _ctime(mon: str, day: str, time: str, year: int | None) -> dt.datetime | None:
     if year is None or mon not in _MONTHS:
         return None
-    try:
-        hh, mm, ss = (int(p) for p in time.split(":"))
-        return dt.datetime(year, _MONTHS[mon], int(day), hh, mm, ss)
+    try:  # ``time`` is ``\d{2}:\d{2}:\d{2}``, as every pattern that captures it says
+        return dt.datetime(
+            year, _MONTHS[mon], int(day), int(time[:2]), int(time[3:5]), int(time[6:8])
+        )
     except ValueError:
         return None
 
@@ -123,8 +124,36 @@ def _iso(text: str) -> dt.datetime | None:
 _LEVELS = ("emerg", "alert", "crit", "err", "warn", "notice", "info", "debug")
 
 
+# What :func:`split_line` returns: message, timestamp, uptime_s, host, level.
+Split = tuple[str, dt.datetime | None, float | None, str | None, str | None]
+
+
 def parse_line(line: str, *, year: int | None = None) -> LogLine:
     """Strip the known prefixes from one line and return what they said."""
+    return LogLine(*split_line(line, year))
+
+
+def _host_after_mono(text: str, stamp: re.Match[str]) -> re.Match[str] | None:
+    """Host and tag right after a monotonic stamp (``[ 12.5] gpu-7 kernel: ``,
+    ``journalctl -o short-monotonic``), ``stamp`` being :data:`_BRACKET_MONO`'s match.
+
+    One regex for the stamp with or without them: most lines have none, and a second
+    pattern over the same stamp cost each of them a failed match."""
+    close = stamp.end("mono")
+    return _AFTER_MONO.match(text, close + 1) if text[close] == "]" else None
+
+
+def _month_like(text: str) -> bool:
+    """Whether ``text`` (starting with an uppercase letter) could open an RFC 3164 or
+    ``short-full`` header: both need ``[A-Z][a-z]{2}`` then whitespace. Most messages
+    (``NVRM: …``, ``SXid …``) fail here, without two regexes."""
+    head = text[1:3]
+    return head.isascii() and head.isalpha() and head.islower() and text[3:4].isspace()
+
+
+def split_line(line: str, year: int | None = None) -> Split:
+    """:func:`parse_line`'s fields as a tuple, for the matcher's hot path (a
+    ``LogLine`` costs as much to build as a third of the parse)."""
     text = line.rstrip("\r\n").lstrip()
     if text[:1] == "\ufeff":
         text = text[1:].lstrip()
@@ -139,11 +168,12 @@ def parse_line(line: str, *, year: int | None = None) -> LogLine:
             break
         first = text[0]
         m: re.Match[str] | None
+        end = 0
         if first == "[":
-            if m := _MONO_HOST.match(text):
-                uptime, host = float(m["mono"]), m["host"]
-            elif m := _BRACKET_MONO.match(text):
+            if m := _BRACKET_MONO.match(text):
                 uptime = float(m["mono"])
+                if h := _host_after_mono(text, m):
+                    host, end = h["host"], h.end()
             elif m := _BRACKET_CTIME.match(text):
                 found = m["year"] or m["fmyear"]
                 timestamp = _ctime(m["mon"], m["day"], m["time"], _year(found, year))
@@ -175,6 +205,8 @@ def parse_line(line: str, *, year: int | None = None) -> LogLine:
             else:
                 break
         elif first.isupper():
+            if not _month_like(text):
+                break
             if m := _RFC3164.match(text):
                 timestamp = _ctime(m["mon"], m["day"], m["time"], _year(m["year"], year))
                 timestamp = _with_fraction(timestamp, m["frac"])
@@ -188,10 +220,10 @@ def parse_line(line: str, *, year: int | None = None) -> LogLine:
             level = m["lvl"]
         else:
             break
-        text = text[m.end() :].lstrip()
+        text = text[max(end, m.end()) :].lstrip()
     if kmsg and "\\x" in text:
         text = _KMSG_ESCAPE.sub(_unescape, text)
-    return LogLine(message=text, timestamp=timestamp, uptime_s=uptime, host=host, level=level)
+    return text, timestamp, uptime, host, level
 
 
 def _unescape(m: re.Match[str]) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpufleet.core.enums import RepairAction, Severity
-from gpufleet.core.kernel_log import LogLine, parse_line
+from gpufleet.core.kernel_log import Split, split_line
 from gpufleet.core.signatures.factors import required_literals
 from gpufleet.core.signatures.kernel_rules import KernelRuleSpec, packaged_rules, rules_of
 from gpufleet.core.signatures.prefilter import (
@@ -50,9 +50,14 @@ if TYPE_CHECKING:  # the catalog's models import pydantic: not needed to match
 _UUID_LINE = re.compile(r"NVRM: GPU at PCI:([0-9a-fA-F:.]+): (GPU-[0-9a-fA-F-]{36})")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Match:
-    """One kernel-log line (or joined multi-line message) that fired a signature."""
+    """One kernel-log line (or joined multi-line message) that fired a signature.
+
+    Not frozen, though nothing changes one: a frozen dataclass sets each of its 18
+    fields through ``object.__setattr__`` (2 µs a match, a sixth of a scan's work per
+    line on a log full of Xids); this one is built in a third of a microsecond.
+    """
 
     signature: str
     title: str
@@ -157,10 +162,24 @@ class _MultiRule:
 class _Need:
     """Literals one of which a line must hold for a target's regex (or ``start``) to
     match it (:func:`~gpufleet.core.signatures.factors.required_literals`), for the
-    Hyperscan stage. ``caseless`` ones match in any ASCII case."""
+    Hyperscan stage, and before each regex search. ``caseless`` ones match in any ASCII
+    case (lowercased here)."""
 
     exact: tuple[str, ...]
     caseless: tuple[str, ...]
+
+    def held_by(self, message: str) -> bool:
+        """Whether ``message`` holds one of the literals (else the regex cannot match).
+
+        Cheaper than a search that fails: an ``NVRM`` line is tried with six patterns,
+        and holds the literal of one or two."""
+        for lit in self.exact:
+            if lit in message:
+                return True
+        if self.caseless:
+            low = message.lower()
+            return any(lit in low for lit in self.caseless)
+        return False
 
 
 def _need_of(pattern: str, avoid: tuple[str, ...]) -> _Need | None:
@@ -169,7 +188,7 @@ def _need_of(pattern: str, avoid: tuple[str, ...]) -> _Need | None:
         return None
     return _Need(
         tuple(lit.text for lit in factor if not lit.caseless),
-        tuple(lit.text for lit in factor if lit.caseless),
+        tuple(lit.text.lower() for lit in factor if lit.caseless),
     )
 
 
@@ -394,13 +413,16 @@ class KernelLogMatcher:
         targets = self._program.targets(line)
         if not targets:
             return []
-        parsed = parse_line(line, year=self._year)
-        message = parsed.message
+        parsed = split_line(line, self._year)
+        message = parsed[0]
         out: list[Match] = []
         if self._pending:
             self._continue(line, message, out)
         self._note_uuid(message)
         for target in targets:
+            need = target.need
+            if need is not None and not need.held_by(message):
+                continue  # neither its regex nor its window's start can match
             if isinstance(target, _MultiRule):
                 if not target.start.search(message):
                     continue
@@ -505,7 +527,7 @@ class KernelLogMatcher:
         """
         if not self._pending or not self._program.targets(line):
             return []
-        message = parse_line(line, year=self._year).message
+        message = split_line(line, self._year)[0]
         out: list[Match] = []
         self._continue(line, message, out)
         self._note_uuid(message)
@@ -522,7 +544,7 @@ class KernelLogMatcher:
             p.messages.append(message)
             joined = " ".join(p.messages)
             if full := p.multi.full.search(joined):
-                parsed = parse_line(p.raws[0], year=self._year)
+                parsed = split_line(p.raws[0], self._year)
                 out.append(
                     self._match(
                         p.multi.rule, full, joined, "\n".join(p.raws), parsed, p.line_number
@@ -539,7 +561,7 @@ class KernelLogMatcher:
         m: re.Match[str],
         message: str,
         raw: str,
-        stamp: LogLine,
+        stamp: Split,
         line_number: int | None,
     ) -> Match:
         groups = m.re.groupindex
@@ -558,9 +580,9 @@ class KernelLogMatcher:
             line=raw.rstrip("\r\n"),
             message=message,
             line_number=line_number,
-            timestamp=stamp.timestamp,
-            uptime_s=stamp.uptime_s,
-            host=stamp.host,
+            timestamp=stamp[1],
+            uptime_s=stamp[2],
+            host=stamp[3],
             device=m["device"] if "device" in groups else None,
             link=int(m["link"]) if "link" in groups and m["link"] is not None else None,
         )
