@@ -1,17 +1,22 @@
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+from collections.abc import Sequence
 
 import pytest
 
 from gpufleet.core.clock import FakeClock
 from gpufleet.core.errors import DriverError
 from gpufleet.schedulers.base import (
+    SchedJob,
     SchedNodeState,
     Scheduler,
     SupportsDown,
     SupportsDrain,
+    SupportsJobsOnNodes,
     SupportsRequeue,
+    jobs_on_nodes,
 )
 from gpufleet.schedulers.sim.driver import SimScheduler
 from gpufleet.sim.models import BootPlan, SimInstanceSpec
@@ -166,3 +171,69 @@ async def test_requeue_puts_jobs_back_in_the_queue(
     assert job_id in running and busy.name not in running[job_id].nodes
     assert running[job_id].requeues == 1
     assert await sched.requeue_jobs(busy.name) == []
+
+
+class _Gated:
+    """The sim scheduler, each ``jobs_on_node`` held until ``full`` reads are in flight
+    (or every node's is): reads made one after another never get past the first."""
+
+    kind = "sim"
+
+    def __init__(self, inner: SimScheduler, full: int) -> None:
+        self.inner = inner
+        self.full = full
+        self.in_flight = 0
+        self.peak = 0
+        self.opened = asyncio.Event()
+
+    async def jobs_on_node(self, node: str) -> list[SchedJob]:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        if self.in_flight >= self.full:
+            self.opened.set()
+        try:
+            await self.opened.wait()
+            return await self.inner.jobs_on_node(node)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_jobs_on_nodes_reads_a_few_nodes_at_a_time(sched: SimScheduler) -> None:
+    names = [f"a-{i:03d}" for i in range(10)] + ["b-000", "nosuch"]  # two it does not know
+    gated = _Gated(sched, full=4)
+    found = await asyncio.wait_for(jobs_on_nodes(gated, names, at_once=4), timeout=10)  # type: ignore[arg-type]
+    assert gated.peak == 4  # at once, and never more than asked
+    want = {n: await sched.jobs_on_node(n) for n in names[:10]}
+    assert found == {**want, "b-000": None, "nosuch": None}
+    assert any(found[n] for n in names[:10])  # some nodes do run jobs
+
+
+class _Batched:
+    """A scheduler that answers for many nodes in one read (as Slurm does)."""
+
+    kind = "batched"
+
+    def __init__(self, answer: dict[str, list[SchedJob] | None] | None) -> None:
+        self.answer = answer
+        self.asked: list[list[str]] = []
+
+    async def jobs_on_node(self, node: str) -> list[SchedJob]:
+        raise AssertionError("one read for all the nodes, not one a node")
+
+    async def jobs_on_nodes(self, nodes: Sequence[str]) -> dict[str, list[SchedJob] | None]:
+        self.asked.append(list(nodes))
+        if self.answer is None:
+            raise DriverError("squeue: connection refused")
+        return self.answer
+
+
+async def test_jobs_on_nodes_asks_once_where_the_scheduler_can() -> None:
+    job = SchedJob("7", "train", "u", "a", "RUNNING", ("n1",), 8)
+    batched = _Batched({"n1": [job], "n2": [], "n3": None})
+    assert isinstance(batched, SupportsJobsOnNodes)
+    found = await jobs_on_nodes(batched, ["n1", "n2", "n3"])  # type: ignore[arg-type]
+    assert found == {"n1": [job], "n2": [], "n3": None}
+    assert batched.asked == [["n1", "n2", "n3"]]
+    # The state cannot be read at all: no node's jobs are known.
+    failing = _Batched(None)
+    assert await jobs_on_nodes(failing, ["n1", "n2"]) == {"n1": None, "n2": None}  # type: ignore[arg-type]

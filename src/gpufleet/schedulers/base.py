@@ -8,7 +8,9 @@ let a drain kill jobs it could not see.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -16,6 +18,7 @@ from typing import Protocol, runtime_checkable
 # Only drains whose reason starts with this are gpufleet's to undo (the grammar of the
 # reasons is ``gpufleet.core.holds``; the drivers need only the prefix, to refuse others).
 from gpufleet.core.autoscale import PendingWork
+from gpufleet.core.errors import DriverError
 from gpufleet.core.holds import DRAIN_REASON_PREFIX as DRAIN_REASON_PREFIX
 
 
@@ -78,6 +81,44 @@ class Scheduler(Protocol):
     async def accounting_since(self, since: dt.datetime) -> list[SchedJob]:
         """Jobs that ended at or after ``since``, oldest first."""
         ...
+
+
+@runtime_checkable
+class SupportsJobsOnNodes(Protocol):
+    async def jobs_on_nodes(self, nodes: Sequence[str]) -> dict[str, list[SchedJob] | None]:
+        """What ``jobs_on_node`` answers for each of ``nodes``, from one read of the
+        scheduler's state whatever their number (``None`` for a node it does not know).
+        Raises when the state cannot be read."""
+        ...
+
+
+# Per-node reads at once, for a scheduler without SupportsJobsOnNodes.
+JOB_READS_AT_ONCE = 8
+
+
+async def jobs_on_nodes(
+    scheduler: Scheduler, nodes: Sequence[str], *, at_once: int = JOB_READS_AT_ONCE
+) -> dict[str, list[SchedJob] | None]:
+    """The jobs on each of ``nodes``; ``None`` for a node whose jobs could not be read
+    (``DriverError``). One read where the scheduler can answer for many nodes at once,
+    else ``at_once`` per-node reads at a time: a caller with a deadline (Cluster
+    Autoscaler's DeleteNodes, 5 s) must not pay a round trip per node in turn."""
+    if isinstance(scheduler, SupportsJobsOnNodes):
+        try:
+            return await scheduler.jobs_on_nodes(nodes)
+        except DriverError:
+            return dict.fromkeys(nodes)
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(node: str) -> list[SchedJob] | None:
+        async with gate:
+            try:
+                return await scheduler.jobs_on_node(node)
+            except DriverError:
+                return None
+
+    found = await asyncio.gather(*(one(n) for n in nodes))
+    return dict(zip(nodes, found, strict=True))
 
 
 @runtime_checkable

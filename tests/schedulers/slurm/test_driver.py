@@ -20,6 +20,7 @@ from gpufleet.schedulers.base import (
     Scheduler,
     SupportsDown,
     SupportsDrain,
+    SupportsJobsOnNodes,
     SupportsRequeue,
 )
 from gpufleet.schedulers.slurm.config import SlurmConfig
@@ -49,7 +50,7 @@ VERSION = 'if [ "$1" = --version ]; then echo "slurm $FAKE_VERSION"; exit 0; fi'
 def test_implements_every_protocol() -> None:
     sched = SlurmScheduler()
     assert sched.kind == "slurm"
-    for proto in (Scheduler, SupportsDrain, SupportsDown, SupportsRequeue):
+    for proto in (Scheduler, SupportsDrain, SupportsDown, SupportsRequeue, SupportsJobsOnNodes):
         assert isinstance(sched, proto)
 
 
@@ -398,6 +399,12 @@ async def test_lab_jobs_on_node(lab_any: Lab) -> None:
     )
     assert job.started_at is not None and job.extra["partition"] == "gpu"
     assert await lab_any.sched.jobs_on_node("lab-001") == []
+    # Many nodes in one read (Cluster Autoscaler's DeleteNodes): the same answers.
+    assert await lab_any.sched.jobs_on_nodes(["lab-002", "lab-001", "nosuch"]) == {
+        "lab-002": [job],
+        "lab-001": [],
+        "nosuch": None,
+    }
     nodes = {n.name: n for n in await lab_any.sched.list_nodes()}
     assert nodes["lab-002"].job_ids == (job_id,)
     assert nodes["lab-002"].gpus_allocated == 1

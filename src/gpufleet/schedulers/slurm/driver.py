@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -106,7 +106,7 @@ _REQUEUEABLE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED
 class SlurmScheduler:
     """A Slurm cluster, through its CLI (and slurmrestd for reads, when configured).
     Implements Scheduler, SupportsDrain, SupportsDown, SupportsRequeue, SupportsJobs,
-    SupportsReservations and SupportsPendingWork.
+    SupportsReservations, SupportsPendingWork and SupportsJobsOnNodes.
 
     Every method raises ``DriverError`` naming the node, the command (or the slurmrestd
     request) and its stderr (or error body) when a call fails, times out, or answers a
@@ -165,6 +165,17 @@ class SlurmScheduler:
         ``DriverError`` for a node Slurm does not know."""
         _, jobs = await _both(self._node(node), self._jobs())
         return [j.to_sched_job() for j in jobs if j.active and node in j.nodes]
+
+    async def jobs_on_nodes(self, nodes: Sequence[str]) -> dict[str, list[SchedJob] | None]:
+        """``jobs_on_node`` of each of ``nodes`` from one node list and one job list
+        (two commands, not two a node); ``None`` for a node Slurm does not know."""
+        known, jobs = await _both(self._nodes(), self._jobs())
+        names = {n.name for n in known}
+        active = [j for j in jobs if j.active]
+        return {
+            node: [j.to_sched_job() for j in active if node in j.nodes] if node in names else None
+            for node in nodes
+        }
 
     async def pending_gpu_demand(self) -> int:
         """GPUs asked for by the jobs ``pending_work`` lists, in all."""
