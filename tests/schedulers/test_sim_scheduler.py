@@ -204,8 +204,11 @@ async def test_jobs_on_nodes_reads_a_few_nodes_at_a_time(sched: SimScheduler) ->
     found = await asyncio.wait_for(jobs_on_nodes(gated, names, at_once=4), timeout=10)  # type: ignore[arg-type]
     assert gated.peak == 4  # at once, and never more than asked
     want = {n: await sched.jobs_on_node(n) for n in names[:10]}
-    assert found == {**want, "b-000": None, "nosuch": None}
-    assert any(found[n] for n in names[:10])  # some nodes do run jobs
+    assert {n: found[n] for n in names[:10]} == want
+    assert any(want.values())  # some nodes do run jobs
+    for unknown in ("b-000", "nosuch"):  # the error the node's own read raised
+        error = found[unknown]
+        assert isinstance(error, DriverError) and unknown in error.message
 
 
 class _Batched:
@@ -232,8 +235,12 @@ async def test_jobs_on_nodes_asks_once_where_the_scheduler_can() -> None:
     batched = _Batched({"n1": [job], "n2": [], "n3": None})
     assert isinstance(batched, SupportsJobsOnNodes)
     found = await jobs_on_nodes(batched, ["n1", "n2", "n3"])  # type: ignore[arg-type]
-    assert found == {"n1": [job], "n2": [], "n3": None}
+    assert (found["n1"], found["n2"]) == ([job], [])
+    unknown = found["n3"]
+    assert isinstance(unknown, DriverError)
+    assert unknown.message == "node n3: the scheduler does not list it"
     assert batched.asked == [["n1", "n2", "n3"]]
-    # The state cannot be read at all: no node's jobs are known.
+    # The state cannot be read at all: no node's jobs are known, each says why.
     failing = _Batched(None)
-    assert await jobs_on_nodes(failing, ["n1", "n2"]) == {"n1": None, "n2": None}  # type: ignore[arg-type]
+    errors = await jobs_on_nodes(failing, ["n1", "n2"])  # type: ignore[arg-type]
+    assert [str(e) for e in errors.values()] == ["squeue: connection refused"] * 2

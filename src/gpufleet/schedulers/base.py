@@ -98,27 +98,34 @@ JOB_READS_AT_ONCE = 8
 
 async def jobs_on_nodes(
     scheduler: Scheduler, nodes: Sequence[str], *, at_once: int = JOB_READS_AT_ONCE
-) -> dict[str, list[SchedJob] | None]:
-    """The jobs on each of ``nodes``; ``None`` for a node whose jobs could not be read
-    (``DriverError``). One read where the scheduler can answer for many nodes at once,
-    else ``at_once`` per-node reads at a time: a caller with a deadline (Cluster
-    Autoscaler's DeleteNodes, 5 s) must not pay a round trip per node in turn."""
+) -> dict[str, list[SchedJob] | DriverError]:
+    """The jobs on each of ``nodes``, or the ``DriverError`` that kept them from being
+    read. One read where the scheduler can answer for many nodes at once, else
+    ``at_once`` per-node reads at a time: a caller with a deadline (Cluster Autoscaler's
+    DeleteNodes, 5 s) must not pay a round trip per node in turn, nor a scheduler a
+    burst of one full job listing per node (a switch incident proposes many repairs)."""
     if isinstance(scheduler, SupportsJobsOnNodes):
         try:
-            return await scheduler.jobs_on_nodes(nodes)
-        except DriverError:
-            return dict.fromkeys(nodes)
+            found = await scheduler.jobs_on_nodes(nodes)
+        except DriverError as exc:
+            return dict.fromkeys(nodes, exc)
+        return {
+            n: DriverError(f"node {n}: the scheduler does not list it")
+            if (jobs := found.get(n)) is None
+            else jobs
+            for n in nodes
+        }
     gate = asyncio.Semaphore(at_once)
 
-    async def one(node: str) -> list[SchedJob] | None:
+    async def one(node: str) -> list[SchedJob] | DriverError:
         async with gate:
             try:
                 return await scheduler.jobs_on_node(node)
-            except DriverError:
-                return None
+            except DriverError as exc:
+                return exc
 
-    found = await asyncio.gather(*(one(n) for n in nodes))
-    return dict(zip(nodes, found, strict=True))
+    read = await asyncio.gather(*(one(n) for n in nodes))
+    return dict(zip(nodes, read, strict=True))
 
 
 @runtime_checkable

@@ -55,6 +55,10 @@ async def test_repair_drains_the_running_job_waits_reboots_and_resumes(
         assert (repair["action"], repair["signature_id"]) == ("reboot", "xid-79")
         shown = await fleet.get(f"/api/v1/repairs/{repair['id']}")
         assert [(j["job_id"], j["user"]) for j in shown["jobs"]] == [(job, "nobody")]
+        # What ran there when it was recommended: the planner's read of every node it
+        # recommends for, in one node list and one job list (SupportsJobsOnNodes).
+        recommended = [(j["job_id"], j["user"]) for j in shown["evidence"]["jobs"]]
+        assert recommended == [(job, "nobody")]
         machine = fleet.world.get_instance(fleet.instance_id("lab-002"))
         assert machine is not None
 

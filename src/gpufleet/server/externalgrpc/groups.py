@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gpufleet.core.autoscaling import AutoscaleMode, AutoscaleSource, AutoscaleStatus
 from gpufleet.core.clock import Clock
 from gpufleet.core.enums import ClusterStatus, NodeState
-from gpufleet.core.errors import Conflict, InvalidInput, NotFound, OutOfCapacity
+from gpufleet.core.errors import Conflict, DriverError, InvalidInput, NotFound, OutOfCapacity
 from gpufleet.schedulers.base import jobs_on_nodes
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.tables import (
@@ -124,7 +124,7 @@ class ClusterNodeGroups:
             scheduler_for(self._drivers, cluster), list(in_scheduler.values())
         )
         busy: dict[str, bool | None] = {
-            node_id: None if (found := jobs.get(name)) is None else bool(found)
+            node_id: None if isinstance(found := jobs[name], DriverError) else bool(found)
             for node_id, name in in_scheduler.items()
         }
         names = ", ".join(r.name for r in rows)

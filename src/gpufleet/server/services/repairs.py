@@ -30,6 +30,7 @@ from gpufleet.core.repair.models import (
 )
 from gpufleet.core.repair.policy import breaker_would_trip
 from gpufleet.core.transitions import REPAIR
+from gpufleet.schedulers.base import SchedJob, jobs_on_nodes
 from gpufleet.server.db.tables import ClusterRow, NodeRow, RepairRow
 from gpufleet.server.drivers import DriverRegistry
 from gpufleet.server.metrics import observe_repair_step
@@ -324,7 +325,32 @@ async def jobs_on_node(
         scheduler = scheduler_for(drivers, cluster)
         jobs = await scheduler.jobs_on_node(node.scheduler_name or node.name)
     except (DriverError, InvalidInput) as exc:
-        return [{"error": f"job state unreadable: {exc.message}"}]
+        return _unreadable(exc)
+    return _job_rows(jobs)
+
+
+async def jobs_on_nodes_for_humans(
+    drivers: DriverRegistry, *, cluster: Cluster | ClusterRow, nodes: Sequence[Node | NodeRow]
+) -> list[list[dict[str, Any]]]:
+    """:func:`jobs_on_node` of each of ``nodes`` (of one cluster), in order, from one
+    read of the scheduler where it can answer for many (``schedulers.base.jobs_on_nodes``)."""
+    try:
+        scheduler = scheduler_for(drivers, cluster)
+    except InvalidInput as exc:
+        return [_unreadable(exc) for _ in nodes]
+    names = [n.scheduler_name or n.name for n in nodes]
+    found = await jobs_on_nodes(scheduler, names)
+    return [
+        _unreadable(jobs) if isinstance(jobs := found[name], DriverError) else _job_rows(jobs)
+        for name in names
+    ]
+
+
+def _unreadable(exc: DriverError | InvalidInput) -> list[dict[str, Any]]:
+    return [{"error": f"job state unreadable: {exc.message}"}]
+
+
+def _job_rows(jobs: list[SchedJob]) -> list[dict[str, Any]]:
     return [
         {
             "job_id": j.job_id,

@@ -9,7 +9,6 @@ Auto-approval goes through the same approval function as a human's, breaker and 
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import logging
 from typing import Any
@@ -44,7 +43,7 @@ from gpufleet.server.services.repair_policy import (
 from gpufleet.server.services.repairs import (
     approve_repair_row,
     create_repair,
-    jobs_on_node,
+    jobs_on_nodes_for_humans,
     switch_repair_status,
 )
 from gpufleet.server.workers.base import LoopDeps, LoopService
@@ -174,8 +173,8 @@ class RepairPlanner(LoopService):
         transaction; an unreadable scheduler is recorded as such)."""
         wanted = {d.node_id for d in decisions if isinstance(d, Propose) and d.node_id in nodes}
         ids = sorted(wanted)
-        found = await asyncio.gather(
-            *(jobs_on_node(self.drivers, cluster=cluster, node=nodes[i]) for i in ids)
+        found = await jobs_on_nodes_for_humans(
+            self.drivers, cluster=cluster, nodes=[nodes[i] for i in ids]
         )
         return dict(zip(ids, found, strict=True))
 
