@@ -170,12 +170,14 @@ class SlurmScheduler:
         """``jobs_on_node`` of each of ``nodes`` from one node list and one job list
         (two commands, not two a node); ``None`` for a node Slurm does not know."""
         known, jobs = await _both(self._nodes(), self._jobs())
-        names = {n.name for n in known}
-        active = [j for j in jobs if j.active]
-        return {
-            node: [j.to_sched_job() for j in active if node in j.nodes] if node in names else None
-            for node in nodes
-        }
+        wanted = set(nodes)
+        on_node: dict[str, list[SchedJob]] = {n.name: [] for n in known if n.name in wanted}
+        for job in jobs:
+            if job.active and (held := [n for n in job.nodes if n in on_node]):
+                sched_job = job.to_sched_job()
+                for name in held:
+                    on_node[name].append(sched_job)
+        return {node: on_node.get(node) for node in nodes}
 
     async def pending_gpu_demand(self) -> int:
         """GPUs asked for by the jobs ``pending_work`` lists, in all."""
