@@ -234,6 +234,8 @@ async def test_jobs_on_nodes_asks_once_where_the_scheduler_can() -> None:
     job = SchedJob("7", "train", "u", "a", "RUNNING", ("n1",), 8)
     batched = _Batched({"n1": [job], "n2": [], "n3": None})
     assert isinstance(batched, SupportsJobsOnNodes)
+    assert await jobs_on_nodes(batched, []) == {}  # type: ignore[arg-type]
+    assert batched.asked == []  # no node, no read (the planner asks on every pass)
     found = await jobs_on_nodes(batched, ["n1", "n2", "n3"])  # type: ignore[arg-type]
     assert (found["n1"], found["n2"]) == ([job], [])
     unknown = found["n3"]

@@ -104,6 +104,8 @@ async def jobs_on_nodes(
     ``at_once`` per-node reads at a time: a caller with a deadline (Cluster Autoscaler's
     DeleteNodes, 5 s) must not pay a round trip per node in turn, nor a scheduler a
     burst of one full job listing per node (a switch incident proposes many repairs)."""
+    if not nodes:  # the planner asks on every pass, mostly for none
+        return {}
     if isinstance(scheduler, SupportsJobsOnNodes):
         try:
             found = await scheduler.jobs_on_nodes(nodes)
