@@ -153,6 +153,8 @@ class _Group(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except (typer.Exit, typer.Abort):
+            raise  # a command's own exit: nothing to describe, nothing to import
         except Exception as exc:
             # Imported only on an error: cli.errors imports httpx (a twentieth of a
             # second), which a command that needs no server (``scan``) never loads.

@@ -168,12 +168,11 @@ def split_line(line: str, year: int | None = None) -> Split:
             break
         first = text[0]
         m: re.Match[str] | None
-        end = 0
         if first == "[":
             if m := _BRACKET_MONO.match(text):
                 uptime = float(m["mono"])
                 if h := _host_after_mono(text, m):
-                    host, end = h["host"], h.end()
+                    host, m = h["host"], h  # the prefix ends after the tag
             elif m := _BRACKET_CTIME.match(text):
                 found = m["year"] or m["fmyear"]
                 timestamp = _ctime(m["mon"], m["day"], m["time"], _year(found, year))
@@ -220,7 +219,7 @@ def split_line(line: str, year: int | None = None) -> Split:
             level = m["lvl"]
         else:
             break
-        text = text[max(end, m.end()) :].lstrip()
+        text = text[m.end() :].lstrip()
     if kmsg and "\\x" in text:
         text = _KMSG_ESCAPE.sub(_unescape, text)
     return text, timestamp, uptime, host, level
