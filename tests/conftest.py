@@ -69,3 +69,17 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusS
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
+    """A Prometheus of the test's own, with an empty store: for a test that asserts which
+    alerts are pending or firing. On the session's shared one, an earlier test's series
+    still answer range functions for minutes after their target is gone, and an
+    aggregated alert carries no instance to tell whose it is."""
+    server = PrometheusServer(workdir=tmp_path / "prometheus")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -230,20 +230,6 @@ def set_port(sys_root: Path, *, state: str, phys: str, rate: str) -> None:
         tmp.replace(port / name)  # the agent never reads half a file
 
 
-@pytest.fixture
-def own_prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
-    """A Prometheus of this test's own, not the session's shared one: the shortened rules
-    and the alerts they fire must not linger where other tests assert nothing fires (an
-    aggregated alert has no instance to tell it apart, and range functions still see a
-    removed target's samples for minutes)."""
-    server = PrometheusServer(workdir=tmp_path / "prometheus")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def test_every_alert_fires_on_its_fault(
     tmp_path: Path, own_prometheus: PrometheusServer, pg_template: PostgresTemplate
 ) -> None:
