@@ -41,12 +41,18 @@ def test_a_background_fault_waits_for_approval_then_is_repaired(tmp_path: Path) 
             "GPUFLEET_SIM_PROGRAM_TIME_SCALE": "0.001",
             "GPUFLEET_SIM_BUSY_SHARE": "[0.0, 0.0]",
             "GPUFLEET_SIM_STICKY_SHARE": "0",
-            # Agents report every second, not ten: a simulated agent takes a command at
-            # its next report, and acceptance is several commands a node, one at a time.
-            "GPUFLEET_REPORT_INTERVAL_S": "1",
-            # Machines boot and reboot in seconds (the demo's: 2-6 s and 5-15 s).
+            # Agents report twice a second, not every ten: a simulated agent takes a
+            # command at its next report, and acceptance is several commands a node, one
+            # at a time. The loops that start checks and move repairs pass as often.
+            "GPUFLEET_REPORT_INTERVAL_S": "0.5",
+            "GPUFLEET_CHECK_INTERVAL_S": "0.5",
+            "GPUFLEET_REPAIR_INTERVAL_S": "0.5",
+            "GPUFLEET_RECONCILE_INTERVAL_S": "0.5",
+            # Machines boot, reboot and reset a GPU in seconds (the demo's: 2-6 s, 5-15 s
+            # and 5-15 s).
             "GPUFLEET_SIM_PROVISION_DELAY_S": "[1.0, 2.0]",
             "GPUFLEET_SIM_REBOOT_DELAY_S": "[2.0, 4.0]",
+            "GPUFLEET_SIM_RESET_GPU_DELAY_S": "[1.0, 2.0]",
         },
         log_path=tmp_path / "demo.log",
     )
