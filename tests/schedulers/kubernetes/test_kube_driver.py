@@ -20,6 +20,7 @@ from gpufleet.schedulers.base import (
     SupportsDown,
     SupportsDrain,
     SupportsEviction,
+    SupportsJobsOnNodes,
 )
 from gpufleet.schedulers.kubernetes.config import KubernetesConfig
 from gpufleet.schedulers.kubernetes.driver import KubernetesScheduler
@@ -65,7 +66,7 @@ def seed_world(api: RunningKubeApi) -> None:
 async def test_capabilities_and_reads(api: RunningKubeApi, driver: KubernetesScheduler) -> None:
     assert isinstance(driver, Scheduler)
     assert isinstance(driver, SupportsDrain) and isinstance(driver, SupportsDown)
-    assert isinstance(driver, SupportsEviction)
+    assert isinstance(driver, SupportsEviction) and isinstance(driver, SupportsJobsOnNodes)
     seed_world(api)
     assert (await driver.version()).startswith("v1.")
     nodes = {n.name: n for n in await driver.list_nodes()}
@@ -85,6 +86,18 @@ async def test_capabilities_and_reads(api: RunningKubeApi, driver: KubernetesSch
     # The selector reached the server: the driver asked only for gpu-1's live pods.
     lists = [r for r in api.emulator if r.method == kmock.method.GET and r.resource == PODS]
     assert "spec.nodeName=gpu-1" in lists[-1].params["fieldSelector"]
+
+    # Many nodes (Cluster Autoscaler's DeleteNodes, the repair planner): what each
+    # node's own read answers, from one list of nodes and one of live pods.
+    one_by_one = {n: await driver.jobs_on_node(n) for n in ("gpu-1", "gpu-2")}
+    assert [j.job_id for j in one_by_one["gpu-2"]] == ["ml/notebook"]  # not the ended pod
+    before = len(list(api.emulator))
+    batch = await driver.jobs_on_nodes(["gpu-2", "gpu-9", "gpu-1"])
+    assert batch == {**one_by_one, "gpu-9": None}
+    reads = [(r.method, r.resource) for r in list(api.emulator)[before:]]
+    assert sorted(reads, key=str) == sorted(
+        [(kmock.method.GET, NODES), (kmock.method.GET, PODS)], key=str
+    )
 
 
 async def test_pending_gpu_demand_counts_only_gpu_shortage(

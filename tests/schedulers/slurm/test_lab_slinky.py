@@ -98,7 +98,12 @@ async def test_slurm_is_drained_before_any_eviction_and_resumed_after_uncordon(
                 # The Slurm job holds the node: no cordon, no eviction, it is listed as a job.
                 waiting = await kube.evict_pods(K8S_NODE)
                 assert waiting.evicted == () and "Slurm job(s) still running" in waiting.blocked[0]
-                assert job in {j.job_id for j in await kube.jobs_on_node(K8S_NODE)}
+                alone = await kube.jobs_on_node(K8S_NODE)
+                assert job in {j.job_id for j in alone}
+                # Many nodes at once (DeleteNodes, the repair planner): the same answer,
+                # from one read of Kubernetes and one of Slurm.
+                many = await kube.jobs_on_nodes([K8S_NODE, "gpu-9"])
+                assert many == {K8S_NODE: alone, "gpu-9": None}
                 assert seen == []
 
                 slurm_lab.wait_for_node_state(slurm_node, "drain", timeout_s=60)

@@ -31,7 +31,7 @@ pod's hostname; it is kept in the annotation ``gpufleet.io/slurm-node`` for the 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from gpufleet.core.autoscale import PendingWork
@@ -70,6 +70,8 @@ class SlurmSide(Protocol):
 
     async def jobs_on_node(self, node: str) -> list[SchedJob]: ...
 
+    async def jobs_on_nodes(self, nodes: Sequence[str]) -> dict[str, list[SchedJob] | None]: ...
+
     async def drain(self, node: str, *, reason: str) -> None: ...
 
     async def resume(self, node: str) -> None: ...
@@ -79,7 +81,8 @@ class SlurmSide(Protocol):
 
 class KubernetesScheduler:
     """A Kubernetes cluster, through its API server. Implements Scheduler,
-    SupportsDrain, SupportsDown, SupportsEviction and SupportsPendingWork.
+    SupportsJobsOnNodes, SupportsDrain, SupportsDown, SupportsEviction and
+    SupportsPendingWork.
 
     Every method raises ``DriverError`` naming the node and the request when a call
     fails; none returns an empty list in place of an error.
@@ -137,6 +140,36 @@ class KubernetesScheduler:
         if self._slurm is not None and slurm_name is not None:
             jobs = await self._slurm.jobs_on_node(slurm_name) + jobs
         return jobs
+
+    async def jobs_on_nodes(self, nodes: Sequence[str]) -> dict[str, list[SchedJob] | None]:
+        """``jobs_on_node`` of each of ``nodes`` from two reads whatever their number (every
+        node, every live pod), not two a node; ``None`` for a node the cluster does not
+        list. On Slurm on Kubernetes the Slurm jobs of those nodes come from one read of
+        Slurm too; a node whose Slurm node Slurm does not list is ``None`` as well (its
+        jobs are not known)."""
+        listed = await self._guard(None, self._client.list_nodes())
+        known = {n.name: n for n in (_node(obj) for obj in listed.get("items") or [])}
+        on_node: dict[str, list[KubePod]] = {n: [] for n in nodes if n in known}
+        for pod in await self._pods(_LIVE_PODS, node=None):
+            if pod.node in on_node:
+                on_node[pod.node].append(pod)
+        found: dict[str, list[SchedJob] | None] = {}
+        slurm_names: dict[str, str] = {}
+        for name in nodes:
+            pods = on_node.get(name)
+            if pods is None:
+                found[name] = None
+                continue
+            found[name] = [p.to_sched_job() for p in pods if p.gpus > 0 and not p.ended]
+            slurm_name = known[name].slurm_node or _slurm_node_of(pods)
+            if slurm_name is not None:
+                slurm_names[name] = slurm_name
+        if self._slurm is not None and slurm_names:
+            slurm_jobs = await self._slurm.jobs_on_nodes(sorted(set(slurm_names.values())))
+            for name, slurm_name in slurm_names.items():
+                jobs, pod_jobs = slurm_jobs.get(slurm_name), found[name]
+                found[name] = None if jobs is None or pod_jobs is None else jobs + pod_jobs
+        return found
 
     async def slurmd_pods(self) -> list[KubePod]:
         """The Slinky slurmd pods that have not ended, on every node (their node, Slurm
