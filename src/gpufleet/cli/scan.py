@@ -245,7 +245,9 @@ def _parallel(
     spilled = False
     offset = 0
     known: dict[str, str] = {}
-    ctx = multiprocessing.get_context("fork")  # the compiled program is inherited
+    # fork: the worker starts with this process's imports (a spawned one would import them
+    # again, a tenth of a second); it compiles the catalog itself, while this one does.
+    ctx = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=max(1, last), mp_context=ctx) as pool:
         futures = [
             pool.submit(_scan_range, path, a, b, last=k == last, render=render)

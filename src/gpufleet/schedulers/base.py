@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 # Only drains whose reason starts with this are gpufleet's to undo (the grammar of the
 # reasons is ``gpufleet.core.holds``; the drivers need only the prefix, to refuse others).
@@ -90,6 +90,21 @@ class SupportsJobsOnNodes(Protocol):
         scheduler's state whatever their number (``None`` for a node it does not know).
         Raises when the state cannot be read."""
         ...
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+async def both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Run two reads at once; wait for both even when one fails (no command or request
+    is left running), then raise the first one's error (so messages do not depend on
+    timing)."""
+    a, b = await asyncio.gather(first, second, return_exceptions=True)
+    for outcome in (a, b):
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return a, b  # type: ignore[return-value]
 
 
 # Per-node reads at once, for a scheduler without SupportsJobsOnNodes.

@@ -38,7 +38,7 @@ from gpufleet.core.autoscale import PendingWork
 from gpufleet.core.clock import as_utc
 from gpufleet.core.errors import DriverError
 from gpufleet.core.holds import HoldKind, parse_hold_reason
-from gpufleet.schedulers.base import EvictionPass, SchedJob, SchedNode
+from gpufleet.schedulers.base import EvictionPass, SchedJob, SchedNode, both
 from gpufleet.schedulers.kubernetes.client import KubeClient, KubeStatusError
 from gpufleet.schedulers.kubernetes.config import (
     HEALTH_CONDITION,
@@ -142,15 +142,17 @@ class KubernetesScheduler:
         return jobs
 
     async def jobs_on_nodes(self, nodes: Sequence[str]) -> dict[str, list[SchedJob] | None]:
-        """``jobs_on_node`` of each of ``nodes`` from two reads whatever their number (every
-        node, every live pod), not two a node; ``None`` for a node the cluster does not
-        list. On Slurm on Kubernetes the Slurm jobs of those nodes come from one read of
-        Slurm too; a node whose Slurm node Slurm does not list is ``None`` as well (its
-        jobs are not known)."""
-        listed = await self._guard(None, self._client.list_nodes())
+        """``jobs_on_node`` of each of ``nodes`` from two reads at once whatever their
+        number (every node, every live pod), not two a node in turn; ``None`` for a node
+        the cluster does not list. On Slurm on Kubernetes the Slurm jobs of those nodes
+        come from one read of Slurm too; a node whose Slurm node Slurm does not list is
+        ``None`` as well (its jobs are not known)."""
+        listed, live = await both(
+            self._guard(None, self._client.list_nodes()), self._pods(_LIVE_PODS, node=None)
+        )
         known = {n.name: n for n in (_node(obj) for obj in listed.get("items") or [])}
         on_node: dict[str, list[KubePod]] = {n: [] for n in nodes if n in known}
-        for pod in await self._pods(_LIVE_PODS, node=None):
+        for pod in live:
             if pod.node in on_node:
                 on_node[pod.node].append(pod)
         found: dict[str, list[SchedJob] | None] = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 from urllib.parse import quote
 
@@ -35,6 +35,7 @@ from gpufleet.schedulers.base import (
     ReservationInfo,
     SchedJob,
     SchedNode,
+    both,
 )
 from gpufleet.schedulers.slurm.client import CommandResult, SlurmCli, describe_failure
 from gpufleet.schedulers.slurm.config import SlurmConfig
@@ -64,8 +65,6 @@ from gpufleet.schedulers.slurm.values import (
 )
 
 T = TypeVar("T")
-A = TypeVar("A")
-B = TypeVar("B")
 
 # Job states that mean "ended", for ``sacct --state``. REQUEUED is a run that was stopped
 # and queued again (``-D`` lists each run); the sim reports those too.
@@ -152,7 +151,7 @@ class SlurmScheduler:
     async def list_nodes(self) -> list[SchedNode]:
         """Every node Slurm knows, with state, reason, GPUs (GRES) and the jobs on it.
         Touches nothing."""
-        nodes, jobs = await _both(self._nodes(), self._jobs())
+        nodes, jobs = await both(self._nodes(), self._jobs())
         on_node: dict[str, list[str]] = {}
         for job in jobs:
             if job.active:
@@ -163,13 +162,13 @@ class SlurmScheduler:
     async def jobs_on_node(self, node: str) -> list[SchedJob]:
         """Jobs holding ``node`` now (running, suspended or completing). Raises
         ``DriverError`` for a node Slurm does not know."""
-        _, jobs = await _both(self._node(node), self._jobs())
+        _, jobs = await both(self._node(node), self._jobs())
         return [j.to_sched_job() for j in jobs if j.active and node in j.nodes]
 
     async def jobs_on_nodes(self, nodes: Sequence[str]) -> dict[str, list[SchedJob] | None]:
         """``jobs_on_node`` of each of ``nodes`` from one node list and one job list
         (two commands, not two a node); ``None`` for a node Slurm does not know."""
-        known, jobs = await _both(self._nodes(), self._jobs())
+        known, jobs = await both(self._nodes(), self._jobs())
         wanted = set(nodes)
         on_node: dict[str, list[SchedJob]] = {n.name: [] for n in known if n.name in wanted}
         for job in jobs:
@@ -576,23 +575,13 @@ class SlurmScheduler:
         return [j for j in jobs if j.state == "PENDING"]
 
     async def _active_jobs(self, node: str) -> list[SlurmJobInfo]:
-        _, jobs = await _both(self._node(node), self._jobs())
+        _, jobs = await both(self._node(node), self._jobs())
         return [j for j in jobs if j.active and node in j.nodes]
 
     async def _update(self, node: str, *settings: str, check: bool = True) -> CommandResult:
         return await self._cli.run(
             "scontrol", "update", f"nodename={node}", *settings, node=node, check=check
         )
-
-
-async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
-    """Run two reads at once; wait for both even when one fails (no command is left
-    running), then raise the first one's error (so messages do not depend on timing)."""
-    a, b = await asyncio.gather(first, second, return_exceptions=True)
-    for outcome in (a, b):
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return a, b  # type: ignore[return-value]
 
 
 def _parse(parser: Callable[[str], T], result: CommandResult, *, node: str | None) -> T:
