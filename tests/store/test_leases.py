@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
-from gpufleet.core.clock import FakeClock
+from gpufleet.core.clock import FakeClock, as_utc
 from gpufleet.server.db.engine import Database
 from gpufleet.server.db.leases import acquire_lease, lease_holder, release_lease
 from gpufleet.server.workers.base import LoopDeps, LoopService
@@ -87,3 +87,36 @@ async def test_loops_on_two_replicas_run_on_one(database_url: str) -> None:
     finally:
         for db in dbs:
             await db.dispose()
+
+
+async def test_a_holder_writes_its_lease_again_only_after_a_third_of_the_ttl(
+    database_url: str,
+) -> None:
+    clock = FakeClock()
+    db = Database(database_url)
+    holder = _Counting(LoopDeps(db=db, clock=clock, owner="a", lease_ttl_s=15))
+    standby = _Counting(LoopDeps(db=db, clock=clock, owner="b", lease_ttl_s=15))
+
+    async def expiry() -> float:
+        held = await lease_holder(db, name="loop:counting")
+        assert held is not None and held[0] == "a", held
+        return (as_utc(held[1]) - start).total_seconds()
+
+    try:
+        start = clock.now()
+        assert await holder.holds_lease()
+        assert await expiry() == 15
+        clock.advance(4.9)  # less than a third of 15 s: the pass needs no write
+        assert await holder.holds_lease()
+        assert await expiry() == 15
+        assert not await standby.holds_lease()  # still a's for 10 s more
+        clock.advance(0.2)  # a third has passed: renewed, 15 s from now
+        assert await holder.holds_lease()
+        assert await expiry() == 20.1
+        # Silent past the expiry (killed): the standby takes over, and the old holder,
+        # back, finds the lease gone (its write would have come too late).
+        clock.advance(15.1)
+        assert await standby.holds_lease()
+        assert not await holder.holds_lease()
+    finally:
+        await db.dispose()
