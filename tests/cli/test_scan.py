@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import io
 import json
@@ -163,3 +164,35 @@ def test_findings_json_is_what_json_dumps_writes() -> None:
 def test_a_big_file_is_split_over_the_cpus_by_default(tmp_path: Path) -> None:
     assert _auto_jobs(1 << 20) == 1
     assert _auto_jobs(1 << 40) == max(1, min(os.cpu_count() or 1, 8))
+
+
+@pytest.mark.parametrize("jobs", [2, 3, 5])
+def test_ranges_cover_the_file_in_whole_lines_the_first_a_little_smaller(
+    tmp_path: Path, jobs: int
+) -> None:
+    log = tmp_path / "kern.log"
+    data = b"".join(f"[{k}.5] line {k} {'x' * (k % 90)}\n".encode() for k in range(30_000))
+    log.write_bytes(data)
+    ranges = scan_module._split(str(log), len(data), jobs)
+    assert [a for a, _ in ranges[1:]] == [b for _, b in ranges[:-1]]
+    assert (ranges[0][0], ranges[-1][1]) == (0, len(data))
+    assert all(data[b - 1 : b] == b"\n" for _, b in ranges)
+    sizes = [b - a for a, b in ranges]
+    # The first process also puts the ranges together: it scans a little less.
+    assert sizes[0] < min(sizes[1:])
+    assert sizes[0] >= 0.9 * len(data) / jobs
+
+
+def test_a_scan_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_bytes(REFERENCE.read_bytes() * 3)
+    assert gc.isenabled()
+    for jobs in ("1", "2"):
+        assert CliRunner().invoke(app, ["scan", str(log), "-o", "json", "-j", jobs]).exit_code == 0
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        scan_module._scan_range(str(log), 0, log.stat().st_size, last=True, render=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

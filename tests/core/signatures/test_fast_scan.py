@@ -8,6 +8,7 @@ no final newline, a line split across chunks, bytes that are not UTF-8).
 
 from __future__ import annotations
 
+import mmap
 import random
 import threading
 from collections.abc import AsyncIterator
@@ -284,3 +285,23 @@ def test_numpy_loads_with_one_blas_thread_and_leaves_the_environment_as_it_was(
     assert prefilter._numpy() is not None
     assert seen == ["1"]
     assert os.environ.get("OPENBLAS_NUM_THREADS") == prior
+
+
+@pytest.mark.parametrize("size", [4_000, 2 << 20])  # bytes.count, then numpy
+def test_newlines_of_a_range_of_a_mapped_file(tmp_path: Path, size: int) -> None:
+    data = _noisy_log(9, 60_000)
+    log = tmp_path / "kern.log"
+    log.write_bytes(data)
+    begin = data.index(b"\n", 100_000) + 1
+    end = data.rindex(b"\n", 0, begin + size) + 1
+    rng = random.Random(size)
+    starts = sorted({begin, end, *(rng.randrange(begin, end + 1) for _ in range(300))})
+    with log.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        before, total = prefilter.newlines_before(mm, end, starts, begin)
+        # Each engine finds the lines holding a literal in the mapped range, in place.
+        want = [begin + s for s in _oracle_starts(data[begin:end], end - begin)]
+        for engine in ENGINES:
+            finder = make_line_finder(_program(None).btokens, engine)  # type: ignore[arg-type]
+            assert finder.line_starts(mm, end, begin) == want
+    assert before == [data.count(b"\n", begin, s) for s in starts]
+    assert total == data.count(b"\n", begin, end)

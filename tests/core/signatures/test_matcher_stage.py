@@ -12,12 +12,15 @@ CRLF.
 
 from __future__ import annotations
 
+import mmap
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from gpufleet.core.kernel_log import split_line
 from gpufleet.core.signatures import prefilter
 from gpufleet.core.signatures.factors import Literal, required_literals
 from gpufleet.core.signatures.kernel_rules import packaged_rules
@@ -26,6 +29,7 @@ from gpufleet.core.signatures.matcher import (
     Match,
     _Program,
     _program,
+    _select,
     select_lines,
 )
 
@@ -203,3 +207,71 @@ def test_every_catalog_regex_has_a_required_literal() -> None:
         for target in targets:
             pattern = getattr(target, "regex", None) or target.start  # type: ignore[union-attr]
             assert required_literals(pattern.pattern, avoid=program.tokens), pattern.pattern
+
+
+def _masks(program: _Program, lines: list[str]) -> list[tuple[str, int]]:
+    """Each line with the bits of the stage literals it holds, as the stage gives them."""
+    data = "".join(line + "\n" for line in lines).encode()
+    picked, _, _ = _select(program, data, 0, len(data), 0)
+    return [(lines[number - 1], mask) for number, _, mask in picked]
+
+
+@needs_hyperscan
+def test_the_fast_path_tries_what_feed_tries_in_its_order() -> None:
+    # feed tries a target when its token is in the line and one of its literals in the
+    # message; the fast path, the targets of the literals the line holds, in feed's
+    # order. The tries that matter (those whose regex can match) must be the same.
+    program = _program(None, "hyperscan")
+    lines = [p + line for p in PREFIXES for line in TRICKY + NOISE]
+    lines += (FIXTURES / "reference-1.10.log").read_text().splitlines()
+    fast_lines = 0
+    for line, mask in _masks(program, lines):
+        fast = program.fast_path(mask)
+        if fast is None:
+            assert mask == 0 or mask >> (len(program._owners) - 1) & 1  # the kmsg escape
+            continue
+        fast_lines += 1
+        message = split_line(line)[0]
+        tried = [t for t, token in fast.targets if token in line]
+        feed_tries = [t for t in program.targets(line) if t.need is None or t.need.held_by(message)]
+        assert [t for t in tried if t in feed_tries] == feed_tries
+        assert fast.uuid == ("NVRM: GPU at PCI:" in line)
+    assert fast_lines > 100
+
+
+@needs_hyperscan
+def test_a_kmsg_escape_or_a_target_under_two_tokens_takes_the_general_path() -> None:
+    program = _program(None, "hyperscan")
+    escaped = "4,10,1235,-;NVRM: Xid (PCI:0000:3b:00):\\x2079, pid=1, GPU has fallen off"
+    [(_, mask)] = _masks(program, [escaped])
+    assert program.fast_path(mask) is None
+    rules = packaged_rules()
+    shared = (replace(rules[0], prefilter=(*rules[0].prefilter, "SXid")), *rules[1:])
+    two_tokens = _Program(shared, "hyperscan")
+    assert all(two_tokens.fast_path(1 << k) is None for k in range(len(two_tokens._owners)))
+    # ...and it still matches what the reference does, line by line.
+    data = _generated(3)
+    matcher = KernelLogMatcher(engine="hyperscan", year=2024)
+    matcher._program = two_tokens
+    reference = KernelLogMatcher(engine="python", year=2024)
+    reference._program = _Program(shared, "python")
+    assert matcher.feed_bytes(data) + matcher.finish() == (
+        reference.feed_bytes(data) + reference.finish()
+    )
+
+
+@needs_hyperscan
+def test_a_range_of_a_mapped_file_matches_what_its_bytes_match(tmp_path: Path) -> None:
+    data = b"".join(_generated(seed) for seed in (2, 4, 6))  # whole lines: even seeds
+    log = tmp_path / "kern.log"
+    log.write_bytes(data)
+    begin = data.index(b"\n", len(data) // 3) + 1
+    end = data.rindex(b"\n", 0, 2 * len(data) // 3) + 1
+    want = KernelLogMatcher(year=2024).feed_bytes(data[begin:end])
+    with log.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        matcher = KernelLogMatcher(year=2024)
+        assert matcher.feed_range(mm, begin, end) == want
+        assert matcher.line_count == data.count(b"\n", begin, end)
+        matcher.feed_bytes(b"partial line")
+        with pytest.raises(ValueError, match="partial line"):
+            matcher.feed_range(mm, end, len(data))

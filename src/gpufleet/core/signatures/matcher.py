@@ -37,6 +37,7 @@ from gpufleet.core.kernel_log import Split, split_line
 from gpufleet.core.signatures.factors import required_literals
 from gpufleet.core.signatures.kernel_rules import KernelRuleSpec, packaged_rules, rules_of
 from gpufleet.core.signatures.prefilter import (
+    Buffer,
     Engine,
     HitFinder,
     LineFinder,
@@ -194,6 +195,23 @@ def _need_of(pattern: str, avoid: tuple[str, ...]) -> _Need | None:
     )
 
 
+_UUID = "uuid"  # a stage literal of the PCI → UUID line
+_ESCAPED = "escaped"  # the stage literal of a kmsg escape
+
+
+@dataclass(frozen=True, slots=True)
+class _Fast:
+    """What :meth:`_Program.fast_path` tells of a line: the targets to try, each with
+    the prefilter token it needs in the line, and whether it may name a GPU's UUID."""
+
+    targets: tuple[tuple[_Group | _MultiRule, str], ...]
+    uuid: bool
+
+
+# What the matcher's loop reads for a mask fast_path has not been asked about yet.
+_UNSEEN = _Fast((), uuid=False)
+
+
 @dataclass(slots=True)
 class _Pending:
     multi: _MultiRule
@@ -260,27 +278,54 @@ class _Program:
         # that may open one (the matcher stage does not know the window state).
         self.window_span = max((m.max_lines - 1 for m in multis), default=0)
         self.hits: HitFinder | None = None
+        # Per literal of the stage, what holding it tells (see :meth:`fast_path`).
+        self._owners: tuple[tuple[_Group | _MultiRule | str, ...], ...] = ()
+        # fast_path's answers by mask (read directly by the matcher's loop).
+        self.fast_paths: dict[int, _Fast | None] = {}
+        # Each target under one token: the order targets() gives is then one fixed order
+        # filtered, which the fast path keeps (with a target under two tokens, the order
+        # depends on which the line holds: every line takes the general path).
+        self._order: dict[int, tuple[int, str]] = {}
+        ranks = 0
+        for token, ts in self.by_token.items():
+            for t in ts:
+                if id(t) in self._order:
+                    self._order.clear()
+                    break
+                self._order[id(t)] = (ranks, token)
+                ranks += 1
+            else:
+                continue
+            break
         if uses_hyperscan(engine):
-            literals, first_marked = self._hit_literals()
+            literals, first_marked, self._owners = self._hit_literals()
             self.hits = HitFinder(literals, first_marked=first_marked)
 
-    def _hit_literals(self) -> tuple[tuple[tuple[bytes, bool], ...], int]:
+    def _hit_literals(
+        self,
+    ) -> tuple[
+        tuple[tuple[bytes, bool], ...], int, tuple[tuple[_Group | _MultiRule | str, ...], ...]
+    ]:
         """The matcher stage's literals: for each regex a line is tried with, the
         literals one of which its match holds (:class:`_Need`; the target's prefilter
         tokens where there are none). Those of window ``start`` patterns come last: they
-        are marked."""
+        are marked. Also, per literal, the targets whose literal it is (``_UUID`` for the
+        PCI → UUID line, ``_ESCAPED`` for the kmsg escape)."""
         plain: dict[tuple[bytes, bool], None] = {}
         marked: dict[tuple[bytes, bool], None] = {}
+        owners: dict[tuple[bytes, bool], list[_Group | _MultiRule | str]] = {}
         seen: set[int] = set()
         uuid_need = _need_of(_UUID_LINE.pattern, self.tokens)
-        entries: list[tuple[_Need | None, list[str], bool]] = [(uuid_need, ["NVRM"], False)]
+        entries: list[tuple[_Need | None, list[str], bool, _Group | _MultiRule | str]] = [
+            (uuid_need, ["NVRM"], False, _UUID)
+        ]
         for ts in self.by_token.values():
             for t in ts:
                 if id(t) not in seen:
                     seen.add(id(t))
                     tokens = [k for k, v in self.by_token.items() if t in v]
-                    entries.append((t.need, tokens, isinstance(t, _MultiRule)))
-        for need, tokens, is_start in entries:
+                    entries.append((t.need, tokens, isinstance(t, _MultiRule), t))
+        for need, tokens, is_start, owner in entries:
             found = (
                 [(lit.encode(), False) for lit in need.exact]
                 + [(lit.encode(), True) for lit in need.caseless]
@@ -289,12 +334,53 @@ class _Program:
             )
             for lit in found:
                 (marked if is_start else plain)[lit] = None
+                owners.setdefault(lit, []).append(owner)
         # /dev/kmsg escapes (``\x0a``) are undone before the regexes run: a line holding
         # one may match although no literal is in its raw bytes.
         marked[(b"\\x", False)] = None
+        owners.setdefault((b"\\x", False), []).append(_ESCAPED)
         for lit in marked:
             plain.pop(lit, None)
-        return (*plain, *marked), len(plain)
+        literals = (*plain, *marked)
+        return literals, len(plain), tuple(tuple(owners[lit]) for lit in literals)
+
+    def fast_path(self, mask: int) -> _Fast | None:
+        """For a line whose stage literals are the bits of ``mask``: the targets to try
+        (each with the token it needs in the line), and whether it may be a PCI → UUID
+        line. ``None``: the line takes the general path (:meth:`KernelLogMatcher.feed`).
+
+        A target none of whose literals the line holds cannot match it (its regex needs
+        one; the general path's ``held_by`` says the same of the message, a part of the
+        line), so only the targets of the literals held are tried, in the order
+        :meth:`targets` gives; no other check is needed. A line holding a kmsg escape,
+        or no literal at all (a line a window may join), takes the general path.
+        """
+        if mask in self.fast_paths:
+            return self.fast_paths[mask]
+        owners: set[int] = set()
+        chosen: list[tuple[int, _Group | _MultiRule]] = []
+        uuid = False
+        entry: _Fast | None = None
+        if self._order and mask:
+            for k, held in enumerate(self._owners):
+                if not mask >> k & 1:
+                    continue
+                for owner in held:
+                    if owner == _ESCAPED:
+                        break
+                    if owner == _UUID:
+                        uuid = True
+                    elif not isinstance(owner, str) and id(owner) not in owners:
+                        owners.add(id(owner))
+                        chosen.append((self._order[id(owner)][0], owner))
+                else:
+                    continue
+                break
+            else:
+                chosen.sort(key=lambda c: c[0])
+                entry = _Fast(tuple((t, self._order[id(t)][1]) for _, t in chosen), uuid=uuid)
+        self.fast_paths[mask] = entry
+        return entry
 
     def targets(self, line: str) -> list[_Group | _MultiRule]:
         out: list[_Group | _MultiRule] = []
@@ -338,29 +424,62 @@ def select_lines(
     """
     prog = program if program is not None else _program(None)
     end = len(buf) if end is None else end
+    lines, newlines, spill_out = _select(prog, buf, 0, end, spill)
+    return [(n, raw) for n, raw, _ in lines], newlines, spill_out
+
+
+# A line the matcher must see: its number in the chunk (from 1), its bytes without the
+# newline, and the bits of the stage literals it holds (0 without the stage).
+_Line = tuple[int, bytes, int]
+
+
+def _select(
+    prog: _Program, buf: Buffer, begin: int, end: int, spill: int
+) -> tuple[list[_Line], int, int]:
+    """:func:`select_lines` of ``buf[begin:end]`` (``begin`` 0 or just past a newline),
+    with each line's literal bits."""
     if prog.hits is None:
-        return (*find_candidates(buf, end, program=prog), 0)
+        starts = prog.finder.line_starts(buf, end, begin)
+        before, newlines = newlines_before(buf, end, starts, begin)
+        find = buf.find
+        return (
+            [(n + 1, buf[s : find(b"\n", s, end)], 0) for s, n in zip(starts, before, strict=True)],
+            newlines,
+            0,
+        )
     # Two passes: Hyperscan finds the candidate lines (few short tokens: its fast case),
     # then the required literals in just those lines, joined (a few % of the chunk).
     # One pass over the chunk for all the literals costs more than both.
-    cands = prog.finder.line_starts(buf, end)
+    cands = prog.finder.line_starts(buf, end, begin)
     find = buf.find
     raws = [buf[s : find(b"\n", s, end)] for s in cands]
     joined = b"\n".join(raws) + b"\n" if raws else b""
-    hit_at, marked_at = prog.hits.hits(joined, len(joined))
     offsets = list(itertools.accumulate((len(r) + 1 for r in raws), initial=0))
-    chosen = {bisect.bisect_right(offsets, h) - 1 for h in hit_at}
+    masks: dict[int, int] = {}
     span = prog.window_span
+    first_marked = prog.hits.first_marked
+    windows: list[int] = []  # the line after each line holding a marked literal
+    bisect_right = bisect.bisect_right
+    line = -1
+    line_end = 0
+    for to, lit in prog.hits.literal_hits(joined, len(joined)):
+        if to > line_end:  # a literal holds no newline: it ends in the line of to - 1
+            line = bisect_right(offsets, to - 1) - 1
+            line_end = offsets[line + 1]
+        masks[line] = masks.get(line, 0) | 1 << lit
+        if lit >= first_marked and span:
+            windows.append(line + 1)
+    chosen = set(masks)
     spill_out = max(0, spill - len(raws))
-    if span and (marked_at or spill):
+    if span and (windows or spill):
         chosen.update(range(min(spill, len(raws))))
-        for h in marked_at:
-            i = bisect.bisect_right(offsets, h)  # the line after the marked one
+        for i in windows:
             chosen.update(range(i, min(i + span, len(raws))))
             spill_out = max(spill_out, i + span - len(raws))
     picked = sorted(chosen)
-    before, newlines = newlines_before(buf, end, [cands[i] for i in picked])
-    lines = [(n + 1, raws[i]) for i, n in zip(picked, before, strict=True)]
+    before, newlines = newlines_before(buf, end, [cands[i] for i in picked], begin)
+    get = masks.get
+    lines = [(n + 1, raws[i], get(i, 0)) for i, n in zip(picked, before, strict=True)]
     return lines, newlines, spill_out
 
 
@@ -425,23 +544,34 @@ class KernelLogMatcher:
             need = target.need
             if need is not None and not need.held_by(message):
                 continue  # neither its regex nor its window's start can match
-            if isinstance(target, _MultiRule):
-                if not target.start.search(message):
-                    continue
-                if full := target.full.search(message):
-                    out.append(self._match(target.rule, full, message, line, parsed, line_number))
-                else:
-                    self._pending.append(
-                        _Pending(target, [line], [message], line_number, target.max_lines - 1)
-                    )
-                continue
-            m = target.regex.search(message)
-            if m is None:
-                continue
-            rule = target.pick(m, message)
-            if rule is not None:
-                out.append(self._match(rule, m, message, line, parsed, line_number))
+            self._try(target, line, message, parsed, line_number, out)
         return out
+
+    def _try(
+        self,
+        target: _Group | _MultiRule,
+        line: str,
+        message: str,
+        parsed: Split,
+        line_number: int | None,
+        out: list[Match],
+    ) -> None:
+        if isinstance(target, _MultiRule):
+            if not target.start.search(message):
+                return
+            if full := target.full.search(message):
+                out.append(self._match(target.rule, full, message, line, parsed, line_number))
+            else:
+                self._pending.append(
+                    _Pending(target, [line], [message], line_number, target.max_lines - 1)
+                )
+            return
+        m = target.regex.search(message)
+        if m is None:
+            return
+        rule = target.pick(m, message)
+        if rule is not None:
+            out.append(self._match(rule, m, message, line, parsed, line_number))
 
     def _note_uuid(self, message: str) -> None:
         if (
@@ -479,12 +609,55 @@ class KernelLogMatcher:
         self._spill = 0
         return out
 
-    def _scan(self, buf: bytes, end: int, emits: list[int] | None = None) -> list[Match]:
-        lines, newlines, self._spill = select_lines(
-            buf, end, program=self._program, spill=self._spill
-        )
-        out = self.feed_candidates(lines, emits=emits)
+    def feed_range(
+        self, buf: Buffer, begin: int, end: int, *, emits: list[int] | None = None
+    ) -> list[Match]:
+        """Match ``buf[begin:end]``, whole lines (``begin`` and ``end`` 0 or just past a
+        newline), read in place: ``buf`` may be an mmap of the file. As :meth:`feed_lines`,
+        only when no partial line is pending."""
+        if self._tail:
+            raise ValueError("a partial line is pending: use feed_bytes")
+        return self._scan(buf, end, emits, begin)
+
+    def _scan(
+        self, buf: Buffer, end: int, emits: list[int] | None = None, begin: int = 0
+    ) -> list[Match]:
+        lines, newlines, self._spill = _select(self._program, buf, begin, end, self._spill)
+        out = self._feed_selected(lines, emits)
         self._line_number += newlines
+        return out
+
+    def _feed_selected(self, lines: list[_Line], emits: list[int] | None) -> list[Match]:
+        """:meth:`feed_candidates` of the lines :func:`_select` picked: a line whose
+        literal bits say which targets to try (:meth:`_Program.fast_path`) skips the
+        token and literal checks of :meth:`feed`."""
+        out: list[Match] = []
+        base = self._line_number
+        program = self._program
+        cached = program.fast_paths
+        year = self._year
+        try_target = self._try
+        for number, raw, mask in lines:
+            line = raw.decode("utf-8", errors="replace")
+            fast = cached.get(mask, _UNSEEN)
+            if fast is _UNSEEN:
+                fast = program.fast_path(mask)
+            if fast is None or self._pending:
+                found = self.feed(line, line_number=base + number)
+                if found:
+                    out.extend(found)
+                    if emits is not None:
+                        emits.extend([base + number] * len(found))
+                continue
+            parsed = split_line(line, year)
+            if fast.uuid:
+                self._note_uuid(parsed[0])
+            had = len(out)
+            for target, token in fast.targets:
+                if token in line:
+                    try_target(target, line, parsed[0], parsed, base + number, out)
+            if emits is not None and len(out) > had:
+                emits.extend([base + number] * (len(out) - had))
         return out
 
     def feed_candidates(
@@ -566,27 +739,34 @@ class KernelLogMatcher:
         stamp: Split,
         line_number: int | None,
     ) -> Match:
-        groups = m.re.groupindex
-        pci = normalize_pci(m["pci"]) if "pci" in groups else None
+        # One dict of the groups: a lookup of each name in the pattern, then in the
+        # match, cost as much as the rest of the match together.
+        got = m.groupdict()
+        raw_pci = got.get("pci")
+        pci = normalize_pci(raw_pci) if raw_pci else None
         severity, action = rule.verdict(message)
-        return Match(
-            signature=rule.sig.id,
-            title=rule.sig.title,
-            severity=severity,
-            action=action,
-            xid=int(m["xid"]) if "xid" in groups else None,
-            sxid=int(m["sxid"]) if "sxid" in groups else None,
-            pci=pci,
-            gpu_index=self._indexes.get(pci) if pci else None,
-            gpu_uuid=self._uuids.get(pci) if pci else None,
-            line=raw.rstrip("\r\n"),
-            message=message,
-            line_number=line_number,
-            timestamp=stamp[1],
-            uptime_s=stamp[2],
-            host=stamp[3],
-            device=m["device"] if "device" in groups else None,
-            link=int(m["link"]) if "link" in groups and m["link"] is not None else None,
+        xid = got.get("xid")
+        sxid = got.get("sxid")
+        link = got.get("link")
+        sig = rule.sig
+        return Match(  # positional: keywords cost a third of the call
+            sig.id,
+            sig.title,
+            severity,
+            action,
+            None if xid is None else int(xid),
+            None if sxid is None else int(sxid),
+            pci,
+            self._indexes.get(pci) if pci else None,
+            self._uuids.get(pci) if pci else None,
+            raw.rstrip("\r\n"),
+            message,
+            line_number,
+            stamp[1],
+            stamp[2],
+            stamp[3],
+            got.get("device"),
+            None if link is None else int(link),
         )
 
 

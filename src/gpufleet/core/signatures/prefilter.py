@@ -22,6 +22,7 @@ literals); every engine reports the same findings.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -42,15 +43,21 @@ def hyperscan_available() -> bool:
     return _hs is not None
 
 
+# What a chunk is read from: bytes, or a read-only mmap of the whole file (``gpufleet
+# scan``: a chunk is then ``buf[begin:end]``, with no copy).
+Buffer = bytes | mmap.mmap
+
+
 class LineFinder(Protocol):
-    """Finds the lines of ``buf[:end]`` that contain any of the literals."""
+    """Finds the lines of ``buf[begin:end]`` that contain any of the literals."""
 
     name: str
 
-    def line_starts(self, buf: bytes, end: int) -> list[int]:
-        """Sorted, distinct offsets of those lines' first bytes.
+    def line_starts(self, buf: Buffer, end: int, begin: int = 0) -> list[int]:
+        """Sorted, distinct offsets (in ``buf``) of those lines' first bytes.
 
-        ``end`` is 0 or just past a newline; a line's end is the next newline.
+        ``begin`` is 0 or just past a newline, ``end`` too; a line's end is the next
+        newline.
         """
         ...
 
@@ -133,7 +140,12 @@ class PythonLineFinder:
                 plain.append(token)
         return [(bytes([b]), entries) for b, entries in anchored.items()], plain
 
-    def line_starts(self, buf: bytes, end: int) -> list[int]:
+    def line_starts(self, buf: Buffer, end: int, begin: int = 0) -> list[int]:
+        if begin or not isinstance(buf, bytes):  # the fallback engine: a copy is fine
+            return [begin + s for s in self._starts(bytes(buf[begin:end]), end - begin)]
+        return self._starts(buf, end)
+
+    def _starts(self, buf: bytes, end: int) -> list[int]:
         starts: set[int] = set()
         if end <= _SMALL_CHUNK:
             for token in self._tokens:
@@ -168,13 +180,13 @@ class _CompiledLiterals:
         )
         self._local = threading.local()
 
-    def _scan(self, buf: bytes, end: int, on_match: Callable[..., None]) -> None:
+    def _scan(self, buf: Buffer, end: int, on_match: Callable[..., None], begin: int = 0) -> None:
         """Call ``on_match(id, from, to, flags, context)`` for every literal match in
-        ``buf[:end]``."""
+        ``buf[begin:end]`` (offsets from ``begin``)."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = self._hs.Scratch(self._db)
-        view = memoryview(buf)[:end]
+        view = memoryview(buf)[begin:end]
         try:
             self._db.scan(view, scratch=scratch, match_event_handler=on_match)
         finally:
@@ -189,8 +201,8 @@ class HyperscanLineFinder(_CompiledLiterals):
     def __init__(self, tokens: tuple[bytes, ...]) -> None:
         super().__init__(list(tokens), 0)
 
-    def line_starts(self, buf: bytes, end: int) -> list[int]:
-        if end <= 0:
+    def line_starts(self, buf: Buffer, end: int, begin: int = 0) -> list[int]:
+        if end <= begin:
             return []
         ends: list[int] = []
         record = ends.append
@@ -198,8 +210,8 @@ class HyperscanLineFinder(_CompiledLiterals):
         def on_match(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
             record(to)
 
-        self._scan(buf, end, on_match)
-        return _starts_of(buf, end, ends)
+        self._scan(buf, end, on_match, begin)
+        return _starts_of(buf, end, ends, begin)
 
 
 class HitFinder(_CompiledLiterals):
@@ -223,37 +235,41 @@ class HitFinder(_CompiledLiterals):
         )
         self._first_marked = first_marked
 
-    def hits(self, buf: bytes, end: int) -> tuple[list[int], list[int]]:
-        """Sorted, distinct starts of the lines of ``buf[:end]`` holding any literal, and
-        of those holding a marked one (a subset)."""
+    @property
+    def first_marked(self) -> int:
+        return self._first_marked
+
+    def literal_hits(self, buf: bytes, end: int) -> list[tuple[int, int]]:
+        """Every literal match in ``buf[:end]``: (offset just past it, literal index),
+        by offset. Literals at or past :attr:`first_marked` are the marked ones."""
         if end <= 0:
-            return [], []
-        ends: list[int] = []
-        marked: list[int] = []
-        first_marked = self._first_marked
+            return []
+        found: list[tuple[int, int]] = []
+        record = found.append
 
         def on_match(lit: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
-            ends.append(to)
-            if lit >= first_marked:
-                marked.append(to)
+            record((to, lit))
 
         self._scan(buf, end, on_match)
-        return _starts_of(buf, end, ends), _starts_of(buf, end, marked)
+        found.sort()
+        return found
 
 
-def _starts_of(buf: bytes, end: int, ends: list[int]) -> list[int]:
-    """The distinct line starts of literal matches ending at ``ends`` (any order)."""
+def _starts_of(buf: Buffer, end: int, ends: list[int], begin: int = 0) -> list[int]:
+    """The distinct line starts of literal matches ending at ``ends`` (any order, offsets
+    from ``begin``, which is 0 or just past a newline)."""
     if not ends:
         return []
     ends.sort()
     starts: list[int] = []
     find, rfind = buf.find, buf.rfind
     line_end = -1
-    for to in ends:
+    for rel in ends:
+        to = rel + begin
         if to <= line_end:  # another literal in the same line
             continue
         # A literal holds no newline, so the line starts after the newline before it.
-        starts.append(rfind(b"\n", 0, to) + 1)
+        starts.append(max(rfind(b"\n", begin, to) + 1, begin))
         line_end = find(b"\n", to - 1, end)
         if line_end == -1:
             line_end = end
@@ -296,17 +312,22 @@ def _numpy() -> ModuleType | None:
     return _np
 
 
-def newlines_before(buf: bytes, end: int, starts: list[int]) -> tuple[list[int], int]:
-    """For each offset of ``starts`` (sorted, each ``<= end``), the newlines in
-    ``buf`` before it; and the newlines of ``buf[:end]``.
+def newlines_before(
+    buf: Buffer, end: int, starts: list[int], begin: int = 0
+) -> tuple[list[int], int]:
+    """For each offset of ``starts`` (sorted, each in ``[begin, end]``), the newlines in
+    ``buf[begin:]`` before it; and the newlines of ``buf[begin:end]``.
 
-    On a big chunk one vectorised compare over ``buf[:end]``, then a count of each gap's
-    slice of it; ``bytes.count`` on a small one.
+    On a big chunk one vectorised compare over it, then a count of each gap's slice of
+    it (faster than listing the newlines' positions); ``bytes.count`` on a small one.
     """
-    np = _numpy() if end >= _NUMPY_MIN else None
-    out: list[int] = []
-    number = pos = 0
+    np = _numpy() if end - begin >= _NUMPY_MIN else None
     if np is None:
+        if not isinstance(buf, bytes):  # an mmap has no count(); a small chunk's copy
+            chunk = bytes(buf[begin:end])
+            return newlines_before(chunk, end - begin, [s - begin for s in starts])
+        out: list[int] = []
+        number, pos = 0, begin
         count = buf.count
         for start in starts:
             number += count(b"\n", pos, start)
@@ -316,18 +337,23 @@ def newlines_before(buf: bytes, end: int, starts: list[int]) -> tuple[list[int],
     # The compare writes into a buffer kept per thread (used only within this call): a
     # fresh 4 MiB array a chunk costs its page faults, about as much as the compare. A
     # chunk bigger than the kept size gets an array of its own, freed with it.
+    size = end - begin
     scratch = getattr(_local, "newline", None)
     if scratch is None:
         scratch = _local.newline = np.empty(_SCRATCH, dtype=bool)
-    if end > len(scratch):
-        scratch = np.empty(end, dtype=bool)
-    newline = np.equal(np.frombuffer(buf, np.uint8, count=end), 10, out=scratch[:end])
+    if size > len(scratch):
+        scratch = np.empty(size, dtype=bool)
+    chunk = np.frombuffer(buf, np.uint8, count=size, offset=begin)
+    newline = np.equal(chunk, 10, out=scratch[:size])
+    del chunk  # the mmap cannot be closed while a view of it is alive
+    out = []
+    number = pos = 0
     count_nonzero = np.count_nonzero
     for start in starts:
-        number += int(count_nonzero(newline[pos:start]))
+        number += int(count_nonzero(newline[pos : start - begin]))
         out.append(number)
-        pos = start
-    return out, number + int(count_nonzero(newline[pos:end]))
+        pos = start - begin
+    return out, number + int(count_nonzero(newline[pos:size]))
 
 
 def uses_hyperscan(engine: Engine) -> bool:
