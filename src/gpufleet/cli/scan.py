@@ -19,9 +19,10 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from json.encoder import encode_basestring as _encode_str  # the C one where built
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Annotated, BinaryIO, TypeVar, cast
 
@@ -201,19 +202,12 @@ def _follow_windows(
         numbered += count
 
 
-# The first range's share of an equal split: its process (the caller) also puts every
-# range's matches together once the others are done, ~2 µs a match.
-_FIRST_SHARE = 0.94
-
-
 def _split(path: str, size: int, jobs: int) -> list[tuple[int, int]]:
-    """``jobs`` byte ranges, each a whole number of lines: the first a little smaller
-    (:data:`_FIRST_SHARE`), the others of equal size."""
+    """``jobs`` byte ranges of about equal size, each a whole number of lines."""
     cuts = [0]
-    first = size * _FIRST_SHARE / jobs
     with open(path, "rb") as f:
         for k in range(1, jobs):
-            at = max(int(first + (size - first) * (k - 1) / (jobs - 1)), cuts[-1])
+            at = max(size * k // jobs, cuts[-1])
             f.seek(at)
             f.readline()  # to the start of the next line
             cuts.append(min(f.tell(), size))
@@ -236,7 +230,8 @@ def scan_file_parallel(path: str, jobs: int) -> list[Found]:
     before the matches of the line that completed it (it is older than any window the
     next range opened).
     """
-    return _parallel(path, jobs, render=False, finish=_found)
+    _, found = _parallel(path, jobs, render=False, finish=_found)
+    return found
 
 
 def _found(payload: Match | _Parts, number: int | None, uuid: str | None) -> Found:
@@ -251,11 +246,88 @@ def _finished_object(payload: Match | _Parts, number: int | None, uuid: str | No
 
 def scan_file_json(path: str, jobs: int) -> str:
     """:func:`findings_json` of :func:`scan_file_parallel`, the objects written by the
-    workers (only the line number and the UUID are filled in here)."""
-    return _array(_parallel(path, jobs, render=True, finish=_finished_object))
+    workers: each, once told the lines and UUIDs of the ranges before its own, sends its
+    part of the array as one string."""
+    texts, objects = _parallel(path, jobs, render=True, finish=_finished_object)
+    return _array([t for t in texts if t] + objects)
 
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """What a range tells before its matches: its newlines, the PCI → UUID map at its
+    end, and whether it followed a window past its end."""
+
+    newlines: int
+    uuids: dict[str, str]
+    spilled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """What a range is told back: the lines and the UUIDs of the ranges before it, and
+    whether to send its JSON objects as text (else its items, to be sorted with the
+    windows followed into it)."""
+
+    offset: int
+    known: dict[str, str]
+    as_text: bool
+
+
+def _finished_items(r: _Range, k: int, place: _Place, finish: Callable[..., _T]) -> _Keyed[_T]:
+    """``r``'s matches given to ``finish`` with their line numbers and UUIDs, keyed for
+    the sort that puts the windows followed past a range's end in place."""
+    offset, known = place.offset, place.known
+    out: _Keyed[_T] = []
+    for seq, (emit, number, pci, uuid, payload) in enumerate(itertools.chain(r.items, r.spill)):
+        if uuid is None and pci is not None:
+            uuid = known.get(pci)
+        out.append(
+            (
+                emit + offset,
+                k,
+                seq,
+                finish(payload, None if number is None else number + offset, uuid),
+            )
+        )
+    return out
+
+
+def _range_text(r: _Range, place: _Place) -> str:
+    """The JSON objects of a range without windows past its end, in order, joined."""
+    return ",\n".join(item[3] for item in _finished_items(r, 0, place, _finished_object))
+
+
+_Keyed = list[tuple[int, int, int, _T]]
+
+
+def _range_worker(
+    conn: Connection, path: str, begin: int, end: int, *, last: bool, render: bool
+) -> None:
+    """A worker process: scan a range, send its :class:`_Summary`, wait for its
+    :class:`_Place`, send its text or its items (or the exception that stopped it)."""
+    try:
+        r = _scan_range(path, begin, end, last=last, render=render)
+        conn.send(_Summary(r.newlines, r.uuids, bool(r.spill)))
+        place = conn.recv()
+        conn.send(_range_text(r, place) if place.as_text else r)
+    except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        with contextlib.suppress(Exception):  # unpicklable: the parent sees the pipe close
+            conn.send(exc)
+    finally:
+        conn.close()
+
+
+def _received(conn: Connection, what: str) -> object:
+    try:
+        got = conn.recv()
+    except EOFError:  # the worker died without a word (killed, out of memory)
+        raise OSError(f"a scan worker process exited before it sent its {what}") from None
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 def _parallel(
@@ -264,41 +336,86 @@ def _parallel(
     *,
     render: bool,
     finish: Callable[[Match | _Parts, int | None, str | None], _T],
-) -> list[_T]:
+) -> tuple[list[str], list[_T]]:
     """The ranges' matches in order, each given to ``finish`` with its line number and
-    UUID. The first range's are finished while the other workers still run."""
+    UUID. With ``render``, the ranges before any window followed past a range's end
+    send their JSON objects joined, one string each (the texts, first); the ranges from
+    there on send their items, finished and sorted here.
+
+    The ranges after the first are matched in forked processes (they start with this
+    process's imports; a spawned one would import them again, a tenth of a second);
+    each is told its line offset and the UUIDs before it as soon as the ranges before
+    it are done, and fills in its own findings while the others still run.
+    """
     size = os.path.getsize(path)
     ranges = _split(path, size, jobs)
+    if not ranges:
+        return [], []
     last = len(ranges) - 1
-    keyed: list[tuple[int, int, int, _T]] = []
-    spilled = False
+    ctx = multiprocessing.get_context("fork")
+    workers: list[tuple[BaseProcess, Connection]] = []
+    try:
+        for k, (a, b) in enumerate(ranges[1:], 1):
+            mine, theirs = ctx.Pipe()
+            worker: BaseProcess = ctx.Process(
+                target=_range_worker,
+                args=(theirs, path, a, b),
+                kwargs={"last": k == last, "render": render},
+                daemon=True,
+            )
+            worker.start()
+            theirs.close()
+            workers.append((worker, mine))
+        first = _scan_range(path, *ranges[0], last=last == 0, render=render)
+        return _put_together(first, workers, render=render, finish=finish)
+    finally:
+        for proc, conn in workers:
+            conn.close()
+            proc.join(timeout=5)
+            if proc.is_alive():  # the parent failed first: the worker waits for it
+                proc.kill()
+                proc.join()
+
+
+def _put_together(
+    first: _Range,
+    workers: list[tuple[BaseProcess, Connection]],
+    *,
+    render: bool,
+    finish: Callable[[Match | _Parts, int | None, str | None], _T],
+) -> tuple[list[str], list[_T]]:
+    texts: list[str] = []
+    keyed: _Keyed[_T] = []
+    places: list[_Place] = []
     offset = 0
     known: dict[str, str] = {}
-    # fork: the worker starts with this process's imports (a spawned one would import them
-    # again, a tenth of a second); it compiles the catalog itself, while this one does.
-    ctx = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=max(1, last), mp_context=ctx) as pool:
-        futures = [
-            pool.submit(_scan_range, path, a, b, last=k == last, render=render)
-            for k, (a, b) in enumerate(ranges)
-            if k
-        ]
-        first = [_scan_range(path, *ranges[0], last=last == 0, render=render)] if ranges else []
-        for k, r in enumerate(itertools.chain(first, (fut.result() for fut in futures))):
-            spilled = spilled or bool(r.spill)
-            for seq, (emit, number, pci, uuid, payload) in enumerate(
-                itertools.chain(r.items, r.spill)
-            ):
-                if uuid is None and pci is not None:
-                    uuid = known.get(pci)
-                if number is not None:
-                    number += offset
-                keyed.append((emit + offset, k, seq, finish(payload, number, uuid)))
-            known.update(r.uuids)
-            offset += r.newlines
+    spilled = False
+    summaries = itertools.chain(
+        [_Summary(first.newlines, first.uuids, bool(first.spill))],
+        (cast(_Summary, _received(conn, "summary")) for _, conn in workers),
+    )
+    for k, summary in enumerate(summaries):
+        spilled = spilled or summary.spilled
+        place = _Place(offset, dict(known), render and not spilled)
+        places.append(place)
+        if k:
+            workers[k - 1][1].send(place)
+        known.update(summary.uuids)
+        offset += summary.newlines
+    for k, place in enumerate(places):
+        if k:
+            got = _received(workers[k - 1][1], "findings")
+            if place.as_text:
+                texts.append(cast(str, got))
+            else:
+                keyed.extend(_finished_items(cast(_Range, got), k, place, finish))
+        elif place.as_text:
+            texts.append(_range_text(first, place))
+        else:
+            keyed.extend(_finished_items(first, 0, place, finish))
     if spilled:
         keyed.sort(key=lambda item: item[:3])
-    return [item[3] for item in keyed]
+    return texts, [item[3] for item in keyed]
 
 
 def _auto_jobs(size: int) -> int:
