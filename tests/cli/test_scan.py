@@ -189,7 +189,7 @@ def test_a_scan_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> N
         assert gc.isenabled()
     gc.disable()
     try:
-        scan_module._scan_range(str(log), 0, log.stat().st_size, last=True, render=False)
+        scan_module._scan_range(str(log), 0, log.stat().st_size, last=True)
         assert not gc.isenabled()
     finally:
         gc.enable()

@@ -84,38 +84,25 @@ def scan_stream(stream: BinaryIO) -> list[Match]:
     return found
 
 
-# The JSON object of a match around its "gpu_uuid" and "line_number" values (the two a
-# range cannot know alone: ``scan_file_parallel`` fills them in).
-_Parts = tuple[str, str, str]
-# A match as a range reports it: (the line that completed it, its line number, its PCI
-# address, its GPU UUID if the range knew it, the match or its JSON parts).
-_Item = tuple[int, int | None, str | None, str | None, Match | _Parts]
-
-
 @dataclass(slots=True)
 class _Range:
     """What one worker found in its byte range of the file (``scan_file_parallel``).
 
-    Line numbers are the range's own, from 1. ``spill``: the messages of the range's
-    open windows that lines past its end completed (numbered on from the range's
-    lines); ``uuids`` the PCI → UUID map at the range's end. Plain tuples and strings,
-    so that handing them back from a worker process costs little.
+    Line numbers are the range's own, from 1; ``emits`` the number of the line that
+    completed each match. ``spill``: the messages of the range's open windows that lines
+    past its end completed (numbered on from the range's lines); ``uuids`` the PCI →
+    UUID map at the range's end.
     """
 
-    items: list[_Item]
-    spill: list[_Item]
+    matches: list[Match]
+    emits: list[int]
+    spill: list[Match]
+    spill_emits: list[int]
     uuids: dict[str, str]
     newlines: int
 
 
-def _items(matches: list[Match], emits: list[int], *, render: bool) -> list[_Item]:
-    return [
-        (e, m.line_number, m.pci, m.gpu_uuid, _render(m) if render else m)
-        for m, e in zip(matches, emits, strict=True)
-    ]
-
-
-def _scan_range(path: str, begin: int, end: int, *, last: bool, render: bool) -> _Range:
+def _scan_range(path: str, begin: int, end: int, *, last: bool) -> _Range:
     """Match ``path[begin:end]`` (whole lines) with a fresh matcher, then follow its open
     windows past ``end``.
 
@@ -123,7 +110,7 @@ def _scan_range(path: str, begin: int, end: int, *, last: bool, render: bool) ->
     (a read copies each chunk into a fresh buffer first, a tenth of the range's time).
     """
     with _no_gc():
-        return _scan_mapped(path, begin, end, last=last, render=render)
+        return _scan_mapped(path, begin, end, last=last)
 
 
 @contextlib.contextmanager
@@ -140,7 +127,7 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _scan_mapped(path: str, begin: int, end: int, *, last: bool, render: bool) -> _Range:
+def _scan_mapped(path: str, begin: int, end: int, *, last: bool) -> _Range:
     matcher = KernelLogMatcher()
     matches: list[Match] = []
     emits: list[int] = []
@@ -169,12 +156,7 @@ def _scan_mapped(path: str, begin: int, end: int, *, last: bool, render: bool) -
         if not last and matcher.windows_open():
             f.seek(end)
             _follow_windows(f, matcher, newlines, spill, spill_emits)
-    return _Range(
-        _items(matches, emits, render=render),
-        _items(spill, spill_emits, render=render),
-        uuids,
-        newlines,
-    )
+    return _Range(matches, emits, spill, spill_emits, uuids, newlines)
 
 
 def _follow_windows(
@@ -234,25 +216,22 @@ def scan_file_parallel(path: str, jobs: int) -> list[Found]:
     return found
 
 
-def _found(payload: Match | _Parts, number: int | None, uuid: str | None) -> Found:
-    assert isinstance(payload, Match)
-    return payload, number, uuid
-
-
-def _finished_object(payload: Match | _Parts, number: int | None, uuid: str | None) -> str:
-    assert isinstance(payload, tuple)
-    return _object(payload, number, uuid)
+def _found(m: Match, number: int | None, uuid: str | None) -> Found:
+    return m, number, uuid
 
 
 def scan_file_json(path: str, jobs: int) -> str:
     """:func:`findings_json` of :func:`scan_file_parallel`, the objects written by the
     workers: each, once told the lines and UUIDs of the ranges before its own, sends its
     part of the array as one string."""
-    texts, objects = _parallel(path, jobs, render=True, finish=_finished_object)
+    texts, objects = _parallel(path, jobs, render=True, finish=_json_object)
     return _array([t for t in texts if t] + objects)
 
 
 _T = TypeVar("_T")
+# A finished match keyed for the sort that puts windows followed past a range's end in
+# place: (the line that completed it, its range, its place in the range, the match).
+_Keyed = list[tuple[int, int, int, _T]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +247,7 @@ class _Summary:
 @dataclass(frozen=True, slots=True)
 class _Place:
     """What a range is told back: the lines and the UUIDs of the ranges before it, and
-    whether to send its JSON objects as text (else its items, to be sorted with the
+    whether to send its JSON objects as text (else its matches, to be sorted with the
     windows followed into it)."""
 
     offset: int
@@ -276,40 +255,42 @@ class _Place:
     as_text: bool
 
 
-def _finished_items(r: _Range, k: int, place: _Place, finish: Callable[..., _T]) -> _Keyed[_T]:
-    """``r``'s matches given to ``finish`` with their line numbers and UUIDs, keyed for
-    the sort that puts the windows followed past a range's end in place."""
+def _finished(
+    r: _Range, k: int, place: _Place, finish: Callable[[Match, int | None, str | None], _T]
+) -> _Keyed[_T]:
+    """``r``'s matches given to ``finish`` with their line numbers in the file and their
+    GPU UUIDs (a UUID printed in a range before this one filled in), keyed."""
     offset, known = place.offset, place.known
     out: _Keyed[_T] = []
-    for seq, (emit, number, pci, uuid, payload) in enumerate(itertools.chain(r.items, r.spill)):
-        if uuid is None and pci is not None:
-            uuid = known.get(pci)
+    matches = itertools.chain(r.matches, r.spill)
+    emits = itertools.chain(r.emits, r.spill_emits)
+    for seq, (m, emit) in enumerate(zip(matches, emits, strict=True)):
+        uuid, number = m.gpu_uuid, m.line_number
+        if uuid is None and m.pci is not None:
+            uuid = known.get(m.pci)
         out.append(
-            (
-                emit + offset,
-                k,
-                seq,
-                finish(payload, None if number is None else number + offset, uuid),
-            )
+            (emit + offset, k, seq, finish(m, None if number is None else number + offset, uuid))
         )
     return out
 
 
 def _range_text(r: _Range, place: _Place) -> str:
     """The JSON objects of a range without windows past its end, in order, joined."""
-    return ",\n".join(item[3] for item in _finished_items(r, 0, place, _finished_object))
+    offset, known = place.offset, place.known
+    objects = []
+    for m in r.matches:
+        uuid, number = m.gpu_uuid, m.line_number
+        if uuid is None and m.pci is not None:
+            uuid = known.get(m.pci)
+        objects.append(_json_object(m, None if number is None else number + offset, uuid))
+    return ",\n".join(objects)
 
 
-_Keyed = list[tuple[int, int, int, _T]]
-
-
-def _range_worker(
-    conn: Connection, path: str, begin: int, end: int, *, last: bool, render: bool
-) -> None:
+def _range_worker(conn: Connection, path: str, begin: int, end: int, *, last: bool) -> None:
     """A worker process: scan a range, send its :class:`_Summary`, wait for its
-    :class:`_Place`, send its text or its items (or the exception that stopped it)."""
+    :class:`_Place`, send its text or its matches (or the exception that stopped it)."""
     try:
-        r = _scan_range(path, begin, end, last=last, render=render)
+        r = _scan_range(path, begin, end, last=last)
         conn.send(_Summary(r.newlines, r.uuids, bool(r.spill)))
         place = conn.recv()
         conn.send(_range_text(r, place) if place.as_text else r)
@@ -335,17 +316,17 @@ def _parallel(
     jobs: int,
     *,
     render: bool,
-    finish: Callable[[Match | _Parts, int | None, str | None], _T],
+    finish: Callable[[Match, int | None, str | None], _T],
 ) -> tuple[list[str], list[_T]]:
     """The ranges' matches in order, each given to ``finish`` with its line number and
     UUID. With ``render``, the ranges before any window followed past a range's end
     send their JSON objects joined, one string each (the texts, first); the ranges from
-    there on send their items, finished and sorted here.
+    there on send their matches, finished and sorted here.
 
     The ranges after the first are matched in forked processes (they start with this
     process's imports; a spawned one would import them again, a tenth of a second);
     each is told its line offset and the UUIDs before it as soon as the ranges before
-    it are done, and fills in its own findings while the others still run.
+    it are done, and writes its own findings while the others still run.
     """
     size = os.path.getsize(path)
     ranges = _split(path, size, jobs)
@@ -360,13 +341,13 @@ def _parallel(
             worker: BaseProcess = ctx.Process(
                 target=_range_worker,
                 args=(theirs, path, a, b),
-                kwargs={"last": k == last, "render": render},
+                kwargs={"last": k == last},
                 daemon=True,
             )
             worker.start()
             theirs.close()
             workers.append((worker, mine))
-        first = _scan_range(path, *ranges[0], last=last == 0, render=render)
+        first = _scan_range(path, *ranges[0], last=last == 0)
         return _put_together(first, workers, render=render, finish=finish)
     finally:
         for proc, conn in workers:
@@ -382,7 +363,7 @@ def _put_together(
     workers: list[tuple[BaseProcess, Connection]],
     *,
     render: bool,
-    finish: Callable[[Match | _Parts, int | None, str | None], _T],
+    finish: Callable[[Match, int | None, str | None], _T],
 ) -> tuple[list[str], list[_T]]:
     texts: list[str] = []
     keyed: _Keyed[_T] = []
@@ -403,16 +384,11 @@ def _put_together(
         known.update(summary.uuids)
         offset += summary.newlines
     for k, place in enumerate(places):
-        if k:
-            got = _received(workers[k - 1][1], "findings")
-            if place.as_text:
-                texts.append(cast(str, got))
-            else:
-                keyed.extend(_finished_items(cast(_Range, got), k, place, finish))
-        elif place.as_text:
-            texts.append(_range_text(first, place))
+        got = _received(workers[k - 1][1], "findings") if k else first
+        if place.as_text:
+            texts.append(got if isinstance(got, str) else _range_text(cast(_Range, got), place))
         else:
-            keyed.extend(_finished_items(first, 0, place, finish))
+            keyed.extend(_finished(cast(_Range, got), k, place, finish))
     if spilled:
         keyed.sort(key=lambda item: item[:3])
     return texts, [item[3] for item in keyed]
@@ -444,9 +420,9 @@ def _jv(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)  # pragma: no cover - no other types
 
 
-def _render(m: Match) -> _Parts:
-    """``m``'s JSON object, as ``json.dumps(finding_json(m), indent=2)`` nests it in a
-    list, cut around the values of "gpu_uuid" and "line_number"."""
+def _json_object(m: Match, number: int | None, uuid: str | None) -> str:
+    """``m``'s JSON object as ``json.dumps([finding_json(m)], indent=2)`` nests it in a
+    list, with ``number`` and ``uuid`` as its line number and GPU UUID."""
     # The verdicts by identity: an enum member's hash is a Python-level call.
     key = (m.signature, m.title, m.xid, m.sxid, m.pci, m.gpu_index, id(m.severity), id(m.action))
     fixed = _fixed.get(key)
@@ -461,10 +437,12 @@ def _render(m: Match) -> _Parts:
     host = m.host
     uptime = m.uptime_s
     return (
-        fixed[0],
-        fixed[1],
+        fixed[0]
+        + ("null" if uuid is None else _encode_str(uuid))
+        + fixed[1]
+        + ("null" if number is None else int.__repr__(number))
         # isoformat() is digits, "-", ":", "T", "." and "+": nothing JSON escapes.
-        (
+        + (
             ',\n    "timestamp": null'
             if stamp is None
             else f',\n    "timestamp": "{stamp.isoformat()}"'
@@ -475,7 +453,7 @@ def _render(m: Match) -> _Parts:
         + ("null" if host is None else _encode_str(host))
         + ',\n    "line": '
         + _encode_str(m.line)
-        + "\n  }",
+        + "\n  }"
     )
 
 
@@ -509,16 +487,6 @@ def _middle(severity: str, action: str) -> str:
     return f',\n    "severity": {_jv(severity)},\n    "action": {_jv(action)},\n    "line_number": '
 
 
-def _object(parts: _Parts, number: int | None, uuid: str | None) -> str:
-    return (
-        parts[0]
-        + ("null" if uuid is None else _encode_str(uuid))
-        + parts[1]
-        + ("null" if number is None else int.__repr__(number))
-        + parts[2]
-    )
-
-
 def _array(objects: list[str]) -> str:
     return "[\n" + ",\n".join(objects) + "\n]" if objects else "[]"
 
@@ -526,7 +494,7 @@ def _array(objects: list[str]) -> str:
 def findings_json(found: list[Found]) -> str:
     """``json.dumps([finding_json(...) ...], indent=2, ensure_ascii=False)``, byte for
     byte, without the pure-Python encoder that ``indent`` costs (~20 µs a finding)."""
-    return _array([_object(_render(m), number, uuid) for m, number, uuid in found])
+    return _array([_json_object(m, number, uuid) for m, number, uuid in found])
 
 
 def finding_json(m: Match) -> dict[str, object]:
