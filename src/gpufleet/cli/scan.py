@@ -224,8 +224,14 @@ def scan_file_json(path: str, jobs: int) -> str:
     """:func:`findings_json` of :func:`scan_file_parallel`, the objects written by the
     workers: each, once told the lines and UUIDs of the ranges before its own, sends its
     part of the array as one string."""
+    return "".join(_json_pieces(path, jobs))
+
+
+def _json_pieces(path: str, jobs: int) -> list[str]:
+    """:func:`scan_file_json`'s text in pieces, to be written one after the other (one
+    string of them all would be copied once more: a few hundredths of a second a GB)."""
     texts, objects = _parallel(path, jobs, render=True, finish=_json_object)
-    return _array([t for t in texts if t] + objects)
+    return _array_pieces([t for t in texts if t] + objects)
 
 
 _T = TypeVar("_T")
@@ -348,14 +354,29 @@ def _parallel(
             theirs.close()
             workers.append((worker, mine))
         first = _scan_range(path, *ranges[0], last=last == 0)
-        return _put_together(first, workers, render=render, finish=finish)
-    finally:
+        found = _put_together(first, workers, render=render, finish=finish)
+    except BaseException:
         for proc, conn in workers:
             conn.close()
-            proc.join(timeout=5)
-            if proc.is_alive():  # the parent failed first: the worker waits for it
-                proc.kill()
-                proc.join()
+            proc.kill()  # it may be waiting for its place, or still scanning
+            proc.join()
+        raise
+    # Each worker has sent all it had and is exiting: unmapping the file and freeing its
+    # heap take it a few hundredths of a second, which the caller need not wait for.
+    for proc, conn in workers:
+        conn.close()
+        _exiting.append(proc)
+    return found
+
+
+_exiting: list[BaseProcess] = []
+
+
+def reap_workers() -> None:
+    """Wait for the worker processes of the scans done so far to exit (they have sent
+    all they found; ``scan`` calls this once its output is written)."""
+    while _exiting:
+        _exiting.pop().join()
 
 
 def _put_together(
@@ -425,42 +446,51 @@ def _json_object(m: Match, number: int | None, uuid: str | None) -> str:
     list, with ``number`` and ``uuid`` as its line number and GPU UUID."""
     # The verdicts by identity: an enum member's hash is a Python-level call.
     key = (m.signature, m.title, m.xid, m.sxid, m.pci, m.gpu_index, id(m.severity), id(m.action))
-    fixed = _fixed.get(key)
-    if fixed is None:
-        if len(_fixed) >= _FIXED_MAX:
-            _fixed.clear()
-        fixed = _fixed[key] = (
-            _head(m.signature, m.title, m.xid, m.sxid, m.pci, m.gpu_index),
-            _middle(m.severity.value, m.action.value),
-        )
+    head = _heads.get((key, uuid))
+    if head is None:
+        head = _head_of(m, key, uuid)
     stamp = m.timestamp
-    host = m.host
     uptime = m.uptime_s
+    host = m.host
+    if host is not None:
+        host = _hosts.get(host) or _host_of(host)
     return (
-        fixed[0]
-        + ("null" if uuid is None else _encode_str(uuid))
-        + fixed[1]
-        + ("null" if number is None else int.__repr__(number))
+        f"{head}{'null' if number is None else int.__repr__(number)}"
         # isoformat() is digits, "-", ":", "T", "." and "+": nothing JSON escapes.
-        + (
-            ',\n    "timestamp": null'
-            if stamp is None
-            else f',\n    "timestamp": "{stamp.isoformat()}"'
-        )
-        + ',\n    "uptime_s": '
-        + ("null" if uptime is None else _jv(uptime))
-        + ',\n    "host": '
-        + ("null" if host is None else _encode_str(host))
-        + ',\n    "line": '
-        + _encode_str(m.line)
-        + "\n  }"
+        f',\n    "timestamp": {"null" if stamp is None else _quoted(stamp.isoformat())}'
+        f',\n    "uptime_s": {"null" if uptime is None else _jv(uptime)}'
+        f',\n    "host": {"null" if host is None else host}'
+        f',\n    "line": {_encode_str(m.line)}\n  }}'
     )
 
 
-# A log names few signatures, GPUs and verdicts: their JSON is written once each (the
-# parts of a finding before "gpu_uuid" and between it and "line_number").
-_FIXED_MAX = 4096
-_fixed: dict[tuple[object, ...], tuple[str, str]] = {}
+def _quoted(text: str) -> str:
+    return f'"{text}"'
+
+
+# A log names few signatures, GPUs, verdicts and hosts: the JSON of each is written once
+# (a finding's object up to its "line_number" value; a host's string).
+_CACHED_MAX = 4096
+_heads: dict[tuple[tuple[object, ...], str | None], str] = {}
+_hosts: dict[str, str] = {}
+
+
+def _head_of(m: Match, key: tuple[object, ...], uuid: str | None) -> str:
+    if len(_heads) >= _CACHED_MAX:
+        _heads.clear()
+    head = _heads[key, uuid] = (
+        _head(m.signature, m.title, m.xid, m.sxid, m.pci, m.gpu_index)
+        + _jv(uuid)
+        + _middle(m.severity.value, m.action.value)
+    )
+    return head
+
+
+def _host_of(host: str) -> str:
+    if len(_hosts) >= _CACHED_MAX:
+        _hosts.clear()
+    encoded = _hosts[host] = _encode_str(host)
+    return encoded
 
 
 def _head(
@@ -488,7 +518,17 @@ def _middle(severity: str, action: str) -> str:
 
 
 def _array(objects: list[str]) -> str:
-    return "[\n" + ",\n".join(objects) + "\n]" if objects else "[]"
+    return "".join(_array_pieces(objects))
+
+
+def _array_pieces(objects: list[str]) -> list[str]:
+    if not objects:
+        return ["[]"]
+    pieces = ["[\n"]
+    for text in objects:
+        pieces += (text, ",\n")
+    pieces[-1] = "\n]"
+    return pieces
 
 
 def findings_json(found: list[Found]) -> str:
@@ -542,7 +582,7 @@ def scan(
     stream = _open(path)
     plain_file = stream is not sys.stdin.buffer and not isinstance(stream, gzip.GzipFile)
     found: list[Found] = []
-    text = ""
+    text: list[str] = []
     json_out = output is OutputFormat.JSON
     try:
         with _no_gc():
@@ -551,21 +591,34 @@ def scan(
                 stream.close()
                 jobs = jobs or _auto_jobs(size)
             if plain_file and jobs > 1 and json_out:
-                text = scan_file_json(path, jobs)
+                text = _json_pieces(path, jobs)
             elif plain_file and jobs > 1:
                 found = scan_file_parallel(path, jobs)
             else:
                 if stream.closed:
                     stream = _open(path)
                 found = [(m, m.line_number, m.gpu_uuid) for m in scan_stream(stream)]
-                text = findings_json(found) if json_out else ""
+                text = [findings_json(found)] if json_out else []
     except (OSError, EOFError) as exc:
         raise _usage_error(f"cannot read {path}: {exc}") from exc
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
+    try:
+        _print(found, text, json_out=json_out)
+    finally:
+        reap_workers()
+
+
+def _print(found: list[Found], text: list[str], *, json_out: bool) -> None:
     if json_out:
-        typer.echo(text)
+        # Not typer.echo: it copies the document to add the newline, then searches it
+        # for ANSI codes to strip (JSON escapes control characters: there are none).
+        out = sys.stdout
+        for piece in text:
+            out.write(piece)
+        out.write("\n")
+        out.flush()
         return
     if not found:
         note("no failure signatures found")

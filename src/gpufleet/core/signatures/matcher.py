@@ -428,6 +428,8 @@ def select_lines(
     return [(n, raw) for n, raw, _ in lines], newlines, spill_out
 
 
+_PLUS_ONE = (1).__add__  # a line's length with its newline, in C
+
 # A line the matcher must see: its number in the chunk (from 1), its bytes without the
 # newline, and the bits of the stage literals it holds (0 without the stage).
 _Line = tuple[int, bytes, int]
@@ -454,7 +456,7 @@ def _select(
     find = buf.find
     raws = [buf[s : find(b"\n", s, end)] for s in cands]
     joined = b"\n".join(raws) + b"\n" if raws else b""
-    offsets = list(itertools.accumulate((len(r) + 1 for r in raws), initial=0))
+    offsets = list(itertools.accumulate(map(_PLUS_ONE, map(len, raws)), initial=0))
     masks: dict[int, int] = {}
     span = prog.window_span
     first_marked = prog.hits.first_marked

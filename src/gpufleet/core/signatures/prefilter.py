@@ -269,7 +269,7 @@ def _starts_of(buf: Buffer, end: int, ends: list[int], begin: int = 0) -> list[i
         if to <= line_end:  # another literal in the same line
             continue
         # A literal holds no newline, so the line starts after the newline before it.
-        starts.append(max(rfind(b"\n", begin, to) + 1, begin))
+        starts.append(rfind(b"\n", begin, to) + 1 or begin)  # -1 + 1: the chunk's first
         line_end = find(b"\n", to - 1, end)
         if line_end == -1:
             line_end = end
