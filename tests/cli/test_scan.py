@@ -6,6 +6,7 @@ import gc
 import gzip
 import io
 import json
+import multiprocessing
 import os
 import random
 from dataclasses import replace
@@ -235,3 +236,19 @@ def test_a_worker_that_dies_is_a_clear_error(
     monkeypatch.setattr(scan_module, "_scan_range", dying)
     with pytest.raises(OSError, match="exited before it sent its summary"):
         scan_file_parallel(str(log), 2)
+
+
+def test_the_workers_are_reaped_once_the_output_is_written(tmp_path: Path) -> None:
+    log = _big_log(tmp_path)
+    result = CliRunner().invoke(app, ["scan", str(log), "-o", "json", "-j", "3"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == json.loads(
+        CliRunner().invoke(app, ["scan", str(log), "-o", "json", "-j", "1"]).stdout
+    )
+    assert scan_module._exiting == []
+    assert multiprocessing.active_children() == []
+    # A library caller's workers wait to be reaped (they exit on their own meanwhile).
+    scan_module.scan_file_json(str(log), 2)
+    assert len(scan_module._exiting) == 1
+    scan_module.reap_workers()
+    assert scan_module._exiting == [] and multiprocessing.active_children() == []
