@@ -170,7 +170,9 @@ def test_a_big_file_is_split_over_the_cpus_by_default(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("jobs", [2, 3, 5])
-def test_ranges_cover_the_file_in_whole_lines(tmp_path: Path, jobs: int) -> None:
+def test_ranges_cover_the_file_in_whole_lines_the_first_a_little_bigger(
+    tmp_path: Path, jobs: int
+) -> None:
     log = tmp_path / "kern.log"
     data = b"".join(f"[{k}.5] line {k} {'x' * (k % 90)}\n".encode() for k in range(30_000))
     log.write_bytes(data)
@@ -178,7 +180,10 @@ def test_ranges_cover_the_file_in_whole_lines(tmp_path: Path, jobs: int) -> None
     assert [a for a, _ in ranges[1:]] == [b for _, b in ranges[:-1]]
     assert (ranges[0][0], ranges[-1][1]) == (0, len(data))
     assert all(data[b - 1 : b] == b"\n" for _, b in ranges)
-    assert all(abs(b - a - len(data) / jobs) < 200 for a, b in ranges)
+    sizes = [b - a for a, b in ranges]
+    # The caller's range is a little bigger: a worker also sends its findings over.
+    assert sizes[0] > max(sizes[1:])
+    assert sizes[0] < 1.1 * len(data) / jobs
 
 
 def test_a_scan_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path) -> None:
