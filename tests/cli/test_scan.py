@@ -257,3 +257,10 @@ def test_the_workers_are_reaped_once_the_output_is_written(tmp_path: Path) -> No
     assert len(scan_module._exiting) == 1
     scan_module.reap_workers()
     assert scan_module._exiting == [] and multiprocessing.active_children() == []
+
+
+def test_a_file_emptied_after_it_was_split_has_no_findings(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"")
+    r = scan_module._scan_range(str(log), 0, 4096, last=True)
+    assert (r.matches, r.newlines) == ([], 0)

@@ -285,18 +285,13 @@ class _Program:
         # Each target under one token: the order targets() gives is then one fixed order
         # filtered, which the fast path keeps (with a target under two tokens, the order
         # depends on which the line holds: every line takes the general path).
-        self._order: dict[int, tuple[int, str]] = {}
-        ranks = 0
+        order: dict[int, tuple[int, str]] = {}
+        shared = False
         for token, ts in self.by_token.items():
             for t in ts:
-                if id(t) in self._order:
-                    self._order.clear()
-                    break
-                self._order[id(t)] = (ranks, token)
-                ranks += 1
-            else:
-                continue
-            break
+                shared = shared or id(t) in order
+                order.setdefault(id(t), (len(order), token))
+        self._order = {} if shared else order
         if uses_hyperscan(engine):
             literals, first_marked, self._owners = self._hit_literals()
             self.hits = HitFinder(literals, first_marked=first_marked)
@@ -357,26 +352,23 @@ class _Program:
         """
         if mask in self.fast_paths:
             return self.fast_paths[mask]
-        owners: set[int] = set()
-        chosen: list[tuple[int, _Group | _MultiRule]] = []
-        uuid = False
         entry: _Fast | None = None
         if self._order and mask:
+            seen: set[int] = set()
+            chosen: list[tuple[int, _Group | _MultiRule]] = []
+            uuid = escaped = False
             for k, held in enumerate(self._owners):
                 if not mask >> k & 1:
                     continue
                 for owner in held:
                     if owner == _ESCAPED:
-                        break
-                    if owner == _UUID:
+                        escaped = True
+                    elif owner == _UUID:
                         uuid = True
-                    elif not isinstance(owner, str) and id(owner) not in owners:
-                        owners.add(id(owner))
+                    elif not isinstance(owner, str) and id(owner) not in seen:
+                        seen.add(id(owner))
                         chosen.append((self._order[id(owner)][0], owner))
-                else:
-                    continue
-                break
-            else:
+            if not escaped:
                 chosen.sort(key=lambda c: c[0])
                 entry = _Fast(tuple((t, self._order[id(t)][1]) for _, t in chosen), uuid=uuid)
         self.fast_paths[mask] = entry
