@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import random
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -207,18 +208,25 @@ def _big_log(tmp_path: Path) -> Path:
     return log
 
 
+def _in_workers(monkeypatch: pytest.MonkeyPatch, what: Callable[[str], object]) -> None:
+    """The workers' ranges (all but the first) run ``what(path)`` instead of a scan."""
+    scan_range = scan_module._scan_range
+
+    def patched(path: str, begin: int, end: int, **kw: bool) -> object:
+        return what(path) if begin else scan_range(path, begin, end, **kw)
+
+    monkeypatch.setattr(scan_module, "_scan_range", patched)
+
+
 def test_a_worker_s_exception_is_raised_by_the_scan(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = _big_log(tmp_path)
-    scan_range = scan_module._scan_range
 
-    def failing(path: str, begin: int, end: int, **kw: bool) -> object:
-        if begin:  # the workers' ranges only
-            raise PermissionError(13, "Permission denied", path)
-        return scan_range(path, begin, end, **kw)
+    def failing(path: str) -> object:
+        raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(scan_module, "_scan_range", failing)
+    _in_workers(monkeypatch, failing)
     with pytest.raises(PermissionError, match="Permission denied"):
         scan_module.scan_file_json(str(log), 3)
     result = CliRunner().invoke(app, ["scan", str(log), "-o", "json", "-j", "2"])
@@ -231,14 +239,7 @@ def test_a_worker_that_dies_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = _big_log(tmp_path)
-    scan_range = scan_module._scan_range
-
-    def dying(path: str, begin: int, end: int, **kw: bool) -> object:
-        if begin:
-            os._exit(9)  # as the OOM killer would
-        return scan_range(path, begin, end, **kw)
-
-    monkeypatch.setattr(scan_module, "_scan_range", dying)
+    _in_workers(monkeypatch, lambda _path: os._exit(9))  # as the OOM killer would
     with pytest.raises(OSError, match="exited before it sent its summary"):
         scan_file_parallel(str(log), 2)
 
