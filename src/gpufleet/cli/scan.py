@@ -18,7 +18,7 @@ import mmap
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from json.encoder import encode_basestring as _encode_str  # the C one where built
 from multiprocessing.connection import Connection
@@ -109,8 +109,10 @@ def _scan_range(path: str, begin: int, end: int, *, last: bool) -> _Range:
     The file is mapped, not read: the matcher's passes run over the page cache in place
     (a read copies each chunk into a fresh buffer first).
     """
-    with _no_gc():
-        return _scan_mapped(path, begin, end, last=last)
+    with _no_gc(), open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:  # emptied since it was split: no mapping
+            return _Range([], [], [], [], {}, 0)
+        return _scan_file(f, begin, end, last=last)
 
 
 @contextlib.contextmanager
@@ -125,13 +127,6 @@ def _no_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-def _scan_mapped(path: str, begin: int, end: int, *, last: bool) -> _Range:
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:  # emptied since it was split: no mapping
-            return _Range([], [], [], [], {}, 0)
-        return _scan_file(f, begin, end, last=last)
 
 
 def _scan_file(f: BinaryIO, begin: int, end: int, *, last: bool) -> _Range:
@@ -276,35 +271,35 @@ class _Place:
     as_text: bool
 
 
-def _finished(
-    r: _Range, k: int, place: _Place, finish: Callable[[Match, int | None, str | None], _T]
-) -> _Keyed[_T]:
-    """``r``'s matches given to ``finish`` with their line numbers in the file and their
-    GPU UUIDs (a UUID printed in a range before this one filled in), keyed."""
+def _placed(
+    matches: Iterable[Match], place: _Place
+) -> Iterator[tuple[Match, int | None, str | None]]:
+    """Each match with its line number in the file and its GPU UUID (one printed in a
+    range before this one filled in)."""
     offset, known = place.offset, place.known
-    out: _Keyed[_T] = []
-    matches = itertools.chain(r.matches, r.spill)
-    emits = itertools.chain(r.emits, r.spill_emits)
-    for seq, (m, emit) in enumerate(zip(matches, emits, strict=True)):
+    for m in matches:
         uuid, number = m.gpu_uuid, m.line_number
         if uuid is None and m.pci is not None:
             uuid = known.get(m.pci)
-        out.append(
-            (emit + offset, k, seq, finish(m, None if number is None else number + offset, uuid))
-        )
-    return out
+        yield m, None if number is None else number + offset, uuid
+
+
+def _finished(
+    r: _Range, k: int, place: _Place, finish: Callable[[Match, int | None, str | None], _T]
+) -> _Keyed[_T]:
+    """``r``'s matches given to ``finish`` with their :func:`_placed` line numbers and
+    UUIDs, keyed."""
+    placed = _placed(itertools.chain(r.matches, r.spill), place)
+    emits = itertools.chain(r.emits, r.spill_emits)
+    return [
+        (emit + place.offset, k, seq, finish(*found))
+        for seq, (found, emit) in enumerate(zip(placed, emits, strict=True))
+    ]
 
 
 def _range_text(r: _Range, place: _Place) -> str:
     """The JSON objects of a range without windows past its end, in order, joined."""
-    offset, known = place.offset, place.known
-    objects = []
-    for m in r.matches:
-        uuid, number = m.gpu_uuid, m.line_number
-        if uuid is None and m.pci is not None:
-            uuid = known.get(m.pci)
-        objects.append(_json_object(m, None if number is None else number + offset, uuid))
-    return ",\n".join(objects)
+    return ",\n".join(_json_object(*found) for found in _placed(r.matches, place))
 
 
 def _range_worker(conn: Connection, path: str, begin: int, end: int, *, last: bool) -> None:

@@ -393,9 +393,15 @@ def find_candidates(
     within the chunk, line without its newline), in order.
     """
     prog = program if program is not None else _program(None)
-    end = len(buf) if end is None else end
-    starts = prog.finder.line_starts(buf, end)
-    before, newlines = newlines_before(buf, end, starts)
+    return _candidates(prog, buf, 0, len(buf) if end is None else end)
+
+
+def _candidates(
+    prog: _Program, buf: Buffer, begin: int, end: int
+) -> tuple[list[tuple[int, bytes]], int]:
+    """:func:`find_candidates` of ``buf[begin:end]``."""
+    starts = prog.finder.line_starts(buf, end, begin)
+    before, newlines = newlines_before(buf, end, starts, begin)
     find = buf.find
     lines = [(n + 1, buf[s : find(b"\n", s, end)]) for s, n in zip(starts, before, strict=True)]
     return lines, newlines
@@ -433,14 +439,8 @@ def _select(
     """:func:`select_lines` of ``buf[begin:end]`` (``begin`` 0 or just past a newline),
     with each line's literal bits."""
     if prog.hits is None:
-        starts = prog.finder.line_starts(buf, end, begin)
-        before, newlines = newlines_before(buf, end, starts, begin)
-        find = buf.find
-        return (
-            [(n + 1, buf[s : find(b"\n", s, end)], 0) for s, n in zip(starts, before, strict=True)],
-            newlines,
-            0,
-        )
+        candidates, newlines = _candidates(prog, buf, begin, end)
+        return [(n, raw, 0) for n, raw in candidates], newlines, 0
     # Two passes: Hyperscan finds the candidate lines (few short tokens: its fast case),
     # then the required literals in just those lines, joined (a few % of the chunk).
     # One pass over the chunk for all the literals costs more than both.

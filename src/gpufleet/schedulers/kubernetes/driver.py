@@ -155,22 +155,27 @@ class KubernetesScheduler:
         for pod in live:
             if pod.node in on_node:
                 on_node[pod.node].append(pod)
-        found: dict[str, list[SchedJob] | None] = {}
-        slurm_names: dict[str, str] = {}
-        for name in nodes:
-            pods = on_node.get(name)
-            if pods is None:
-                found[name] = None
-                continue
-            found[name] = [p.to_sched_job() for p in pods if p.gpus > 0 and not p.ended]
-            slurm_name = known[name].slurm_node or _slurm_node_of(pods)
-            if slurm_name is not None:
-                slurm_names[name] = slurm_name
+        pod_jobs = {
+            name: [p.to_sched_job() for p in pods if p.gpus > 0 and not p.ended]
+            for name, pods in on_node.items()
+        }
+        slurm_names = {
+            name: slurm_name
+            for name, pods in on_node.items()
+            if (slurm_name := known[name].slurm_node or _slurm_node_of(pods)) is not None
+        }
+        slurm_jobs: dict[str, list[SchedJob] | None] = {}
         if self._slurm is not None and slurm_names:
             slurm_jobs = await self._slurm.jobs_on_nodes(sorted(set(slurm_names.values())))
-            for name, slurm_name in slurm_names.items():
-                jobs, pod_jobs = slurm_jobs.get(slurm_name), found[name]
-                found[name] = None if jobs is None or pod_jobs is None else jobs + pod_jobs
+        found: dict[str, list[SchedJob] | None] = {}
+        for name in nodes:
+            if name not in pod_jobs:
+                found[name] = None
+            elif self._slurm is None or name not in slurm_names:
+                found[name] = pod_jobs[name]
+            else:
+                jobs = slurm_jobs.get(slurm_names[name])
+                found[name] = None if jobs is None else jobs + pod_jobs[name]
         return found
 
     async def slurmd_pods(self) -> list[KubePod]:

@@ -88,7 +88,7 @@ class LoopService(ABC):
         server's work. A pass must still end within two thirds of the TTL to end inside
         the lease it started in (10 s of the default 15 s)."""
         now = self.clock.now()
-        if self._lease_token is not None and self._renew_at is not None and now < self._renew_at:
+        if self._renew_at is not None and now < self._renew_at:  # set only while held
             return True
         self._lease_token = await acquire_lease(
             self.db,
