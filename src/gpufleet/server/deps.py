@@ -131,7 +131,7 @@ EnrollToken = Annotated[str, Depends(enroll_token)]
 
 async def get_node_caller(token_hash: NodeToken, ctx: CtxDep) -> NodeCaller:
     """The node whose agent calls: 401 for an unknown token or a node being removed."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await resolve_node_caller(session, token_hash=token_hash)
 
 

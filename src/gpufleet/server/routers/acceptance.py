@@ -34,7 +34,7 @@ async def list_acceptance_runs(
     limit: int = Query(default=50, ge=1, le=1000),
 ) -> Page[AcceptanceRun]:
     """The cluster's acceptance runs, newest first."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await acceptance_services.list_acceptance_runs(
             session, caller=caller, cluster_id=cluster_id, trigger=trigger, cursor=cursor,
             limit=limit,
@@ -55,7 +55,7 @@ async def run_acceptance(
 
 @router.get("/acceptance/{acceptance_id}")
 async def get_acceptance_run(acceptance_id: str, caller: Reader, ctx: CtxDep) -> AcceptanceRun:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await acceptance_services.get_acceptance_run(
             session, caller=caller, run_id=acceptance_id
         )
@@ -88,7 +88,7 @@ async def get_report_html(
 async def _report(
     acceptance_id: str, request: Request, caller: Reader, ctx: CtxDep, *, as_html: bool
 ) -> Response:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         body, digest = await acceptance_services.get_report(
             session, caller=caller, run_id=acceptance_id, as_html=as_html
         )

@@ -19,7 +19,7 @@ router = APIRouter(tags=["access"])
 async def agent_access(caller: NodeCallerDep, ctx: CtxDep) -> AccessConfig:
     """The node's cluster: the sudoers fragment for its project's admins and, on Slurm,
     each member's AdminLevel. The agent applies it when ``content_hash`` changes."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await access_services.access_for_node(session, caller=caller)
 
 
@@ -27,5 +27,5 @@ async def agent_access(caller: NodeCallerDep, ctx: CtxDep) -> AccessConfig:
 async def cluster_access(
     cluster_id: str, caller: Annotated[Caller, Allow(Permission.MEMBER_READ)], ctx: CtxDep
 ) -> AccessConfig:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await access_services.cluster_access(session, caller=caller, cluster_id=cluster_id)

@@ -32,7 +32,7 @@ async def gpu_hours(
     now = ctx.clock.now()
     until = _utc(until) if until is not None else now
     since = _utc(since) if since is not None else until - dt.timedelta(days=30)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await accounting_services.gpu_hours(
             session,
             caller=caller,

@@ -39,7 +39,7 @@ async def list_audit(
     for name, value in (("since", since), ("until", until)):
         if value is not None and value.tzinfo is None:
             raise InvalidInput(f"{name} needs a timezone (e.g. 2026-01-01T00:00:00Z)", field=name)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await audit_services.list_audit(
             session,
             caller=caller,

@@ -226,7 +226,7 @@ async def logout(request: Request, caller: SignedIn, ctx: CtxDep) -> Response:
 
 @router.get("/me")
 async def me(request: Request, caller: SignedIn, ctx: CtxDep) -> AuthMe:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         user = await users_services.get_signed_in_user(session, caller=caller)
         expires_at = None
         if caller.auth_method == "session":

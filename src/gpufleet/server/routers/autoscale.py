@@ -37,7 +37,7 @@ router = APIRouter(prefix="/clusters/{cluster_id}", tags=["autoscale"])
 async def get_autoscale(
     cluster_id: str, caller: Annotated[Caller, Allow(Permission.CLUSTER_READ)], ctx: CtxDep
 ) -> AutoscaleSettings:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await autoscale_settings.get_autoscale(session, caller=caller, cluster_id=cluster_id)
 
 
@@ -67,7 +67,7 @@ async def list_autoscale_actions(
     ] = None,
 ) -> Page[AutoscaleAction]:
     """The cluster's changes of size, newest first."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await autoscale_services.list_autoscale_actions(
             session, caller=caller, cluster_id=cluster_id, limit=limit, cursor=cursor
         )

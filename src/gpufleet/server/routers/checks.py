@@ -49,7 +49,7 @@ async def list_checks(
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[CheckRun]:
     """Newest first, without ``result`` (GET one run for it)."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await checks_services.list_check_runs(
             session,
             caller=caller,
@@ -64,7 +64,7 @@ async def list_checks(
 
 @router.get("/{check_id}")
 async def get_check(check_id: str, caller: Reader, ctx: CtxDep) -> CheckRun:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await checks_services.get_check_run(session, caller=caller, run_id=check_id)
 
 
@@ -72,7 +72,7 @@ async def get_check(check_id: str, caller: Reader, ctx: CtxDep) -> CheckRun:
 async def get_check_output(check_id: str, caller: Reader, ctx: CtxDep) -> str:
     """The raw output of every command of the run, each under a ``==> id on node <==``
     header, as text."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await checks_services.get_check_output(session, caller=caller, run_id=check_id)
 
 

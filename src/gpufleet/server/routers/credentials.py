@@ -29,7 +29,7 @@ NamePath = Annotated[
 async def list_credentials(
     project_ref: str, caller: Manager, ctx: CtxDep
 ) -> list[StoredCredential]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await credentials_services.list_credentials(
             session, caller=caller, project_ref=project_ref
         )
@@ -39,7 +39,7 @@ async def list_credentials(
 async def get_credential(
     project_ref: str, credential_ref: str, caller: Manager, ctx: CtxDep
 ) -> StoredCredential:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await credentials_services.get_credential(
             session, caller=caller, project_ref=project_ref, credential_ref=credential_ref
         )

@@ -38,7 +38,7 @@ async def list_events(
     for name, value in (("since", since), ("until", until)):
         if value is not None and value.tzinfo is None:
             raise InvalidInput(f"{name} needs a timezone (e.g. 2026-01-01T00:00:00Z)", field=name)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         visible = caller.visible_project_ids()
         if project is not None:
             visible = [(await get_project_row_or_error(session, caller=caller, ref=project)).id]

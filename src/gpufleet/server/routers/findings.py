@@ -28,7 +28,7 @@ async def list_findings(
     ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[Finding]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await findings_services.list_findings(
             session,
             caller=caller,

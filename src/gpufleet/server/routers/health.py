@@ -20,7 +20,7 @@ async def health_summary(
     ctx: CtxDep,
     cluster: str | None = Query(default=None, max_length=36),
 ) -> HealthSummary:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         if cluster is not None:
             await get_cluster_row_or_error(session, caller=caller, cluster_id=cluster)
         return await health_services.health_summary(

@@ -34,7 +34,7 @@ async def list_hosts(
     ctx: CtxDep,
     cluster: str | None = Query(default=None, max_length=36),
 ) -> list[Host]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await hosts_services.list_hosts(
             session, caller=caller, project_ref=project_ref, cluster_id=cluster
         )
@@ -53,7 +53,7 @@ async def import_hosts(
 
 @router.get("/{host_ref}")
 async def get_host(project_ref: str, host_ref: str, caller: Reader, ctx: CtxDep) -> Host:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await hosts_services.get_host(
             session, caller=caller, project_ref=project_ref, host_ref=host_ref
         )

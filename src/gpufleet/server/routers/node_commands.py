@@ -40,7 +40,7 @@ async def list_node_commands(
     limit: int = Query(default=50, ge=1, le=500),
 ) -> Page[CommandRecord]:
     """Newest first."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await commands_services.list_commands_for_node(
             session,
             node_id=node_id,
@@ -56,7 +56,7 @@ async def list_node_commands(
 async def get_node_command(
     node_id: str, command_id: str, caller: Reader, ctx: CtxDep
 ) -> CommandRecord:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await commands_services.get_command(
             session, command_id=command_id, caller=caller, node_id=node_id
         )

@@ -25,7 +25,7 @@ router = APIRouter(prefix="/projects", tags=["projects"])
 @router.get("")
 async def list_projects(caller: SignedIn, ctx: CtxDep) -> Page[Project]:
     """The projects the caller is in (the owner: all)."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await projects_services.list_projects(session, caller=caller)
 
 
@@ -49,7 +49,7 @@ async def create_project(
 async def get_project(
     project_ref: str, caller: Annotated[Caller, Allow(Permission.PROJECT_READ)], ctx: CtxDep
 ) -> Project:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await projects_services.get_project(session, caller=caller, ref=project_ref)
 
 
@@ -57,7 +57,7 @@ async def get_project(
 async def list_members(
     project_ref: str, caller: Annotated[Caller, Allow(Permission.MEMBER_READ)], ctx: CtxDep
 ) -> list[Member]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await members_services.list_members(session, caller=caller, project_ref=project_ref)
 
 

@@ -32,7 +32,7 @@ async def reliability_report(
     now = ctx.clock.now()
     until = _utc(until) if until is not None else now
     since = _utc(since) if since is not None else until - dt.timedelta(days=30)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await reliability_services.reliability(
             session,
             caller=caller,

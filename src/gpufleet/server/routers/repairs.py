@@ -49,7 +49,7 @@ async def list_repairs(
     ),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Page[Repair]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await repairs_services.list_repairs(
             session,
             caller=caller,
@@ -67,7 +67,7 @@ async def list_repairs(
 async def get_repair(
     repair_id: str, caller: Annotated[Caller, Allow(Permission.REPAIR_READ)], ctx: CtxDep
 ) -> Repair:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await repairs_services.get_repair(
             session, caller=caller, repair_id=repair_id, drivers=ctx.drivers
         )
@@ -154,7 +154,7 @@ async def reset_breaker(
 async def get_repair_policy(
     project_ref: str, caller: Annotated[Caller, Allow(Permission.REPAIR_READ)], ctx: CtxDep
 ) -> PolicyConfig:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await policies.get_policy(
             session, caller=caller, project_id=project_ref, default=_default(ctx)
         )

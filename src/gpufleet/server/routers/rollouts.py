@@ -28,7 +28,7 @@ Admin = Annotated[Caller, Allow(Permission.NODE_ACTION)]
 @router.get("/clusters/{cluster_id}/rollouts")
 async def list_rollouts(cluster_id: str, caller: Reader, ctx: CtxDep) -> list[Rollout]:
     """The cluster's rollouts, newest first, each with its nodes' progress."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await rollout_services.list_rollouts(
             session, caller=caller, cluster_id=cluster_id, now=ctx.clock.now()
         )
@@ -48,7 +48,7 @@ async def create_rollout(
 
 @router.get("/rollouts/{rollout_id}")
 async def get_rollout(rollout_id: str, caller: Reader, ctx: CtxDep) -> Rollout:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await rollout_services.get_rollout(
             session, caller=caller, rollout_id=rollout_id, now=ctx.clock.now()
         )

@@ -24,7 +24,7 @@ StackName = Annotated[str, Path(pattern=STACK_NAME, max_length=63)]
 async def list_stacks(caller: SignedIn, ctx: CtxDep) -> Page[Stack]:
     """Every stack, newest first; ``latest`` marks the one new clusters take."""
     del caller
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await stack_services.list_stacks(session)
 
 
@@ -50,7 +50,7 @@ async def create_stack(
 @router.get("/{stack_name}")
 async def get_stack(stack_name: StackName, caller: SignedIn, ctx: CtxDep) -> Stack:
     del caller
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return stack_services.stack_of(await stack_services.get_stack_row(session, stack_name))
 
 

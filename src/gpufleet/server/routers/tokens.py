@@ -43,7 +43,7 @@ async def list_my_tokens(
     revoked: bool = Query(default=False, description="Include revoked tokens."),
 ) -> list[ApiToken]:
     """The caller's own tokens (never their secrets)."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await tokens_services.list_my_tokens(session, caller=caller, include_revoked=revoked)
 
 
@@ -55,7 +55,7 @@ async def list_project_tokens(
     revoked: bool = Query(default=False, description="Include revoked tokens."),
 ) -> list[ApiToken]:
     """Every user's tokens scoped to the project."""
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await tokens_services.list_project_tokens(
             session, caller=caller, project_ref=project_ref, include_revoked=revoked
         )
@@ -77,5 +77,5 @@ async def revoke_token(
 
 @router.get("/me")
 async def me(caller: SignedIn, ctx: CtxDep) -> Me:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await users_services.get_me(session, caller=caller)

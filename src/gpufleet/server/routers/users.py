@@ -20,7 +20,7 @@ router = APIRouter(prefix="/users", tags=["users"])
 async def list_users(
     caller: Annotated[Caller, Allow(Permission.USER_READ)], ctx: CtxDep
 ) -> list[User]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await users_services.list_users(session, caller=caller)
 
 

@@ -24,7 +24,7 @@ Reader = Annotated[Caller, Allow(Permission.VOLUME_READ)]
 
 @router.get("")
 async def list_volumes(project_ref: str, caller: Reader, ctx: CtxDep) -> list[Volume]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await volumes_services.list_volumes(session, caller=caller, project_ref=project_ref)
 
 
@@ -48,7 +48,7 @@ async def create_volume(
 
 @router.get("/{volume_ref}")
 async def get_volume(project_ref: str, volume_ref: str, caller: Reader, ctx: CtxDep) -> Volume:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         return await volumes_services.get_volume(
             session, caller=caller, project_ref=project_ref, volume_ref=volume_ref
         )
