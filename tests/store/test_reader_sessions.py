@@ -99,3 +99,21 @@ async def test_a_write_in_a_reader_waits_for_an_open_write_then_lands(database_u
         assert names == ["cv", "ml"]
     finally:
         await db.dispose()
+
+
+async def test_a_reader_writes_only_what_it_commits(database_url: str) -> None:
+    """A statement in a reader commits at once: an object changed in memory (as a page
+    might change one for display) must not be written by the next query's autoflush."""
+    db = Database(database_url)
+    try:
+        async with db.transaction() as writer:
+            writer.add(_project("ml"))
+        async with db.reader() as session:
+            row = await session.scalar(select(ProjectRow))
+            assert row is not None
+            row.description = "changed for display, never committed"
+            assert await session.scalar(select(func.count()).select_from(ProjectRow)) == 1
+        async with db.reader() as session:
+            assert (await session.scalars(select(ProjectRow.description))).all() == [""]
+    finally:
+        await db.dispose()

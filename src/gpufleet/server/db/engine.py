@@ -80,7 +80,9 @@ class Database:
         """
         async with self.engine.connect() as conn:
             await conn.execution_options(**self._no_transaction)
-            async with AsyncSession(bind=conn, expire_on_commit=False) as session:
+            # No autoflush: an object changed for display is not written by the next query
+            # (a statement here commits at once); ``commit()`` still writes what was added.
+            async with AsyncSession(bind=conn, expire_on_commit=False, autoflush=False) as session:
                 yield session
 
     async def migrate(self) -> None:

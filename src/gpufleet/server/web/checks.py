@@ -46,7 +46,7 @@ async def checks_tab(
     nodes: Annotated[str, Query(max_length=2000)] = "",
     cursor: Annotated[str, Query(max_length=36)] = "",
 ) -> Response:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         runs: Page[CheckRun] = await checks_services.list_check_runs(
             session,
@@ -78,7 +78,7 @@ async def checks_tab(
 @router.post("/clusters/{cluster_id}/checks")
 async def run_check(cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep) -> Response:
     form = await read_form(request, csrf=user.csrf)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
     base = f"/clusters/{page.cluster.id}"
     request.state.form_next = request.state.form_next or f"{base}/checks"
@@ -110,7 +110,7 @@ async def run_check(cluster_id: str, request: Request, ctx: CtxDep, user: WebUse
 async def _run(
     ctx: CtxDep, user: WebUser, cluster_id: str, run_id: str
 ) -> tuple[ClusterPage, CheckRun]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         run = await checks_services.get_check_run(session, caller=user.caller, run_id=run_id)
     if run.cluster_id != page.cluster.id:
@@ -143,7 +143,7 @@ async def check_output(
     cluster_id: str, run_id: str, ctx: CtxDep, user: WebUserDep
 ) -> PlainTextResponse:
     _page, run = await _run(ctx, user, cluster_id, run_id)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         text = await checks_services.get_check_output(session, caller=user.caller, run_id=run.id)
     headers = {
         "Content-Disposition": f'inline; filename="check-{run.id}.txt"',

@@ -46,7 +46,7 @@ EVENT_GROUPS: dict[str, list[EventKind]] = {
 
 @router.get("/clusters/{cluster_id}/health")
 async def health_tab(cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep) -> Response:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         events = await events_services.list_events(
             session,
@@ -90,7 +90,7 @@ async def events_tab(
     if node and not is_id(node):
         raise InvalidInput("node must be a node id", field="node")
     now = ctx.clock.now()
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         node_name = None
         if node:

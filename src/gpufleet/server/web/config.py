@@ -45,7 +45,7 @@ def _bound(form: dict[str, list[str]], name: str) -> int | None:
 async def configuration_tab(
     cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
 ) -> Response:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         cluster = await clusters_services.get_cluster(
             session, caller=user.caller, cluster_id=page.cluster.id,
@@ -84,7 +84,7 @@ async def _admin_form(
     """A configuration form posted by someone who may change the cluster: the form, the
     cluster's page and where to go back (errors go there too)."""
     form = await read_form(request, csrf=user.csrf)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
     back = f"/clusters/{page.cluster.id}/configuration"
     request.state.form_next = back

@@ -90,7 +90,7 @@ class GridCache:
         async with entry.lock:  # concurrent pollers of one cluster share one read
             if entry.current is not None and loop.time() - entry.loaded_at < self.ttl_s:
                 return entry.current
-            async with ctx.db.session() as session:
+            async with ctx.db.reader() as session:
                 grid = await load_health_grid(
                     session, cluster=cluster, staleness_s=ctx.settings.staleness_s,
                     now=ctx.clock.now(),
@@ -140,7 +140,7 @@ async def live(
     try:
         if (after and not is_id(after)) or (node and not is_id(node)):
             raise InvalidInput("after and node are ids this server issued")
-        async with ctx.db.session() as session:
+        async with ctx.db.reader() as session:
             cluster = await get_cluster_or_error(session, caller=user.caller, cluster_id=cluster_id)
             events = None
             if after:

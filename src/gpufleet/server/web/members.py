@@ -33,7 +33,7 @@ def _role(form: dict[str, list[str]]) -> Role:
 async def members_page(
     project_ref: str, request: Request, ctx: CtxDep, user: WebUserDep
 ) -> Response:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         project = await projects_services.get_project(session, caller=user.caller, ref=project_ref)
         members = await members_services.list_members(
             session, caller=user.caller, project_ref=project.id

@@ -116,7 +116,7 @@ async def nodes_tab(
     cursor: Annotated[str, Query(max_length=36)] = "",
 ) -> Response:
     now = ctx.clock.now()
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         if name:
             found = await nodes_services.find_node_id(
@@ -169,7 +169,7 @@ async def nodes_tab(
 async def _node_page(
     ctx: CtxDep, user: WebUser, cluster_id: str, node_id: str
 ) -> tuple[ClusterPage, Node]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         node = await nodes_services.get_node(
             session,
@@ -196,7 +196,7 @@ async def node_page(
         raise InvalidInput(f"window must be one of {', '.join(HISTORY_WINDOWS)}", field="window")
     now = ctx.clock.now()
     page, node = await _node_page(ctx, user, cluster_id, node_id)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         open_findings = await findings_services.list_findings(
             session, caller=user.caller, node_id=node.id, is_open=True, limit=200
         )

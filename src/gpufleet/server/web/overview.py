@@ -20,7 +20,7 @@ router = APIRouter(route_class=HtmlRoute, include_in_schema=False)
 @router.get("/")
 async def home(request: Request, ctx: CtxDep, user: WebUserDep) -> Response:
     now = ctx.clock.now()
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         projects = await projects_services.list_projects(session, caller=user.caller)
         clusters = await clusters_services.list_clusters(
             session, caller=user.caller, staleness_s=ctx.settings.staleness_s, now=now
@@ -49,7 +49,7 @@ async def project_page(
     project_ref: str, request: Request, ctx: CtxDep, user: WebUserDep
 ) -> Response:
     now = ctx.clock.now()
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         project = await projects_services.get_project(session, caller=user.caller, ref=project_ref)
         clusters = await clusters_services.list_clusters(
             session,

@@ -35,7 +35,7 @@ async def reliability_tab(
     if window not in WINDOWS:
         raise InvalidInput(f"window must be one of {', '.join(WINDOWS)}", field="window")
     now = ctx.clock.now()
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         report = await reliability(
             session,

@@ -65,7 +65,7 @@ async def repairs_tab(
     user: WebUserDep,
 ) -> Response:
     now = ctx.clock.now()
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         open_ = await repairs_services.list_repairs(
             session, caller=user.caller, cluster_id=page.cluster.id, open_only=True, limit=500
@@ -100,7 +100,7 @@ async def repairs_tab(
 async def _repair(
     ctx: CtxDep, user: WebUser, cluster_id: str, repair_id: str
 ) -> tuple[ClusterPage, Repair]:
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         repair = await repairs_services.get_repair(
             session, caller=user.caller, repair_id=repair_id, drivers=ctx.drivers
@@ -118,7 +118,7 @@ async def repair_page(
     page, repair = await _repair(ctx, user, cluster_id, repair_id)
     events = []
     if repair.node_id is not None:
-        async with ctx.db.session() as session:
+        async with ctx.db.reader() as session:
             listed = await events_services.list_events(
                 session, project_ids=[page.cluster.project_id], cluster_id=page.cluster.id,
                 node_id=repair.node_id, since=repair.created_at, limit=200,
@@ -221,7 +221,7 @@ async def reset_breaker(
     cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
 ) -> Response:
     form = await read_form(request, csrf=user.csrf)
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
     request.state.form_next = request.state.form_next or f"/clusters/{page.cluster.id}/repairs"
     require(user.caller, Permission.POLICY_MANAGE, page.cluster.project_id)

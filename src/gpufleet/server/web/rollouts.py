@@ -79,7 +79,7 @@ async def rollouts_tab(
     cluster_id: str, request: Request, ctx: CtxDep, user: WebUserDep
 ) -> Response:
     now = ctx.clock.now()
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         rollouts = await list_rollouts(
             session, caller=user.caller, cluster_id=page.cluster.id, now=now

@@ -47,7 +47,7 @@ async def utilization_tab(
         raise InvalidInput(f"window must be one of {', '.join(HISTORY_WINDOWS)}", field="window")
     now = ctx.clock.now()
     span = HISTORY_WINDOWS[window]
-    async with ctx.db.session() as session:
+    async with ctx.db.reader() as session:
         page = await load_cluster_page(session, user=user, cluster_id=cluster_id)
         nodes = await nodes_now(session, cluster_id=page.cluster.id)
     prometheus_url = ctx.settings.prometheus_url
@@ -71,7 +71,7 @@ async def utilization_tab(
     if from_prometheus is not None:
         charts, io_charts = prometheus_charts(from_prometheus, now=now, window=span)
     else:
-        async with ctx.db.session() as session:
+        async with ctx.db.reader() as session:
             history = await load_cluster_history(
                 session, cluster_id=page.cluster.id, since=now - span, until=now
             )
