@@ -123,7 +123,7 @@ class CommandSignals:
         async with self._lock:
             if time.monotonic() - self._refreshed_at < self.refresh_s:
                 return
-            async with self._db.session() as session:
+            async with self._db.reader() as session:
                 rows = await _changed_nodes(session, since=self._clock.now())
             self._refreshed_at = time.monotonic()
             self.refreshes += 1

@@ -117,10 +117,11 @@ def ingest_metrics(ingest: IngestCounts) -> list[Metric]:
 
 
 async def fleet_metrics(db: Database, *, now: dt.datetime, mttr_window_s: float) -> list[Metric]:
-    """The fleet's gauges as of ``now``. The queries run in one short session and the
-    families are built after it closed: on SQLite a transaction holds the write lock."""
+    """The fleet's gauges as of ``now``. The queries run outside a transaction
+    (``Database.reader``: on SQLite a transaction holds the write lock) and the families
+    are built after the session closed."""
     since = now - dt.timedelta(seconds=mttr_window_s)
-    async with db.session() as session:
+    async with db.reader() as session:
         rows = await _read_fleet(session, since=since, sqlite=db.is_sqlite)
     clusters = {
         cid: _Cluster(

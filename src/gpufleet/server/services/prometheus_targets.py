@@ -41,7 +41,7 @@ async def list_scrape_targets(db: Database, *, port: int) -> list[ScrapeTargetGr
         .where(NodeRow.state.in_(SCRAPED_NODE_STATES), NodeRow.hostname.is_not(None))
         .order_by(ProjectRow.name, ClusterRow.name, NodeRow.name)
     )
-    async with db.session() as session:
+    async with db.reader() as session:
         rows = (await session.execute(query)).all()
     return [
         ScrapeTargetGroup(
