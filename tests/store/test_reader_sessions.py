@@ -22,6 +22,11 @@ async def _in_transaction(session: AsyncSession, db: Database) -> bool:
     return bool(raw.in_transaction if db.is_sqlite else raw.is_in_transaction())
 
 
+def _project(name: str) -> ProjectRow:
+    now = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
+    return ProjectRow(id=name[0] * 26, name=name, description="", created_at=now)
+
+
 async def test_a_reader_reads_outside_a_transaction(database_url: str) -> None:
     db = Database(database_url)
     try:
@@ -38,21 +43,15 @@ async def test_a_reader_reads_outside_a_transaction(database_url: str) -> None:
 async def test_a_write_in_a_reader_is_kept(database_url: str) -> None:
     """What resolving a caller writes (a token's last use) lands once it commits."""
     db = Database(database_url)
-    now = dt.datetime(2026, 12, 5, tzinfo=dt.UTC)
     try:
         async with db.reader() as session:
-            session.add(ProjectRow(id="p" * 26, name="ml", description="", created_at=now))
+            session.add(_project("ml"))
             await session.commit()
         async with db.reader() as session:
             names = (await session.scalars(select(ProjectRow.name))).all()
         assert names == ["ml"]
     finally:
         await db.dispose()
-
-
-def _project(name: str) -> ProjectRow:
-    now = dt.datetime(2026, 12, 6, tzinfo=dt.UTC)
-    return ProjectRow(id=name[0] * 26, name=name, description="", created_at=now)
 
 
 async def test_a_reader_does_not_wait_for_an_open_write(database_url: str) -> None:
