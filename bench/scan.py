@@ -15,7 +15,12 @@ dir, reads it once so every contender starts from the page cache, then times:
   literal reach Python; the ``python`` fallback: every prefilter-token line does);
 * ``gpufleet scan FILE -o json > /dev/null`` end to end (a subprocess: start-up, read,
   match, JSON; ``--jobs`` left at its default, one process per CPU for a file of 64 MiB
-  or more), and with ``--jobs N`` when given (``--jobs 1``: one process).
+  or more), and with ``--jobs N`` when given (``--jobs 1``: one process);
+* the scan's floor, what no per-line work can go below: its start-up (``gpufleet scan``
+  of an empty file), and the prefilter's literal pass with the newline count over the
+  ranges the scan splits the file into, one forked process each (in this process: no
+  start-up, numpy already imported). The last line says what the 0.5× target leaves for
+  the rest (the regex stage, each finding's prefix parse, match and JSON, the output).
 
 Best of ``--repeat`` runs each; MB/s = file size / wall time. Nothing is asserted. The
 targets (issue 19): ``gpufleet scan`` at least as fast as the literals' grep, and at
@@ -44,6 +49,8 @@ from gpufleet.core.signatures.prefilter import Engine, hyperscan_available
 TARGET_RATIO = 0.5  # of grep -F NVRM
 TARGET_LITERALS_RATIO = 1.0  # of grep -F with all the prefilter literals
 BLOCK_BYTES = 4 << 20
+CHUNK = 4 << 20  # gpufleet scan's chunk (cli/scan.py)
+START_UP = "gpufleet scan EMPTY -o json (start-up)"
 DISTINCT_BLOCKS = 8
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -218,6 +225,57 @@ def matcher_pass(path: Path, engine: Engine) -> int:
     return found + len(matcher.finish())
 
 
+def _pass_range(path: Path, begin: int, end: int) -> int:
+    """The part of a range's scan no finding changes: the prefilter's literal pass and the
+    newline count, over ``path[begin:end]`` in the scan's chunks; its candidate lines."""
+    import mmap
+
+    from gpufleet.core.signatures.matcher import _program
+    from gpufleet.core.signatures.prefilter import newlines_before
+
+    finder = _program(None).finder
+    found = 0
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        pos = begin
+        while pos < end:
+            cut = mm.rfind(b"\n", pos, min(pos + CHUNK, end)) + 1
+            if cut <= pos:  # a line longer than a chunk, or the last line
+                cut = end
+            starts = finder.line_starts(mm, cut, pos)
+            newlines_before(mm, cut, starts, pos)
+            found += len(starts)
+            pos = cut
+    return found
+
+
+def literal_pass(path: Path) -> int:
+    """:func:`_pass_range` over the ranges ``gpufleet scan`` splits ``path`` into, one
+    forked process each, as the scan runs them: the floor of a scan that did nothing per
+    line (no start-up: it runs in this process and its children)."""
+    from gpufleet.cli.scan import _auto_jobs, _split
+
+    size = path.stat().st_size
+    ranges = _split(str(path), size, _auto_jobs(size))
+    children = []
+    for begin, end in ranges[1:]:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                _pass_range(path, begin, end)
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+    if ranges:
+        _pass_range(path, *ranges[0])
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        if status:
+            raise RuntimeError(f"a literal-pass child exited with status {status}")
+    return len(ranges)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=1024, help="log size in MiB (default 1024)")
@@ -299,6 +357,24 @@ def main() -> int:
             lambda: scan_to_devnull([*scan_cmd, "scan", str(path), "-o", "json"], args.timeout),
         )
         rows.append(("gpufleet scan FILE -o json", t, "end to end, > /dev/null"))
+        scan_t = t
+        # What no per-line work can go below: the start-up (a scan of an empty file) and
+        # the literal pass with the line count over the same ranges, in parallel.
+        empty = tmp / "empty.log"
+        empty.write_bytes(b"")
+        start_t, _ = best_of(
+            args.repeat,
+            lambda: scan_to_devnull([*scan_cmd, "scan", str(empty), "-o", "json"], args.timeout),
+        )
+        rows.append((START_UP, start_t, "imports, catalog, exit"))
+        floor_t, procs = best_of(args.repeat, lambda: literal_pass(path))
+        rows.append(
+            (
+                f"literal pass + line count, {procs} process(es)",
+                floor_t,
+                "the scan's ranges, no per-line work",
+            )
+        )
         if args.jobs:
             cmd = [*scan_cmd, "scan", str(path), "-o", "json", "--jobs", str(args.jobs)]
             t, _ = best_of(args.repeat, lambda: scan_to_devnull(cmd, args.timeout))
@@ -318,11 +394,24 @@ def main() -> int:
         print(head)
         print("|" + "-" * 46 + "|" + "-" * 9 + "|" + "-" * 10 + ("|" + "-" * 8) * 2 + "|------")
         for name, t, note in rows:
+            if name.startswith(START_UP):  # an empty file: no throughput to compare
+                print(f"| {name:<44} | {t:7.2f} | {'-':>8} | {'-':>6} | {'-':>6} | {note}")
+                continue
             ratio = grep_t / t if t else float("nan")
             lit_ratio = literals_t / t if t else float("nan")
             print(
                 f"| {name:<44} | {t:7.2f} | {mb / t:8,.0f} | {ratio:6.2f} | {lit_ratio:6.2f} "
                 f"| {note}"
+            )
+        if grep:
+            budget = grep_t / TARGET_RATIO
+            floor = start_t + floor_t
+            print()
+            print(
+                f"budget at {TARGET_RATIO}× grep -F NVRM: {budget:.3f} s; start-up + literal pass "
+                f"{floor:.3f} s leave {budget - floor:.3f} s for the rest: the regex stage, "
+                "each finding's prefix parse, match and JSON, the output, numpy's import "
+                f"(the scan spends {scan_t - floor:.3f} s on it)"
             )
         return 0
     finally:
