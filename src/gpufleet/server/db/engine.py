@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncConnection,
     AsyncSession,
@@ -19,9 +21,10 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.util import await_
 
 from gpufleet.server.db.migrate import upgrade_to_head
-from gpufleet.server.db.sqlite_driver import sqlite_connector
+from gpufleet.server.db.sqlite_driver import BUSY_TIMEOUT_S, sqlite_connector
 
 # Any constant works; it must only be the same across replicas of one deployment.
 _MIGRATION_LOCK_KEY = 0x67707566  # "gpuf"
@@ -39,7 +42,7 @@ class Database:
         if self.is_sqlite:
             if self.url.database and self.url.database != ":memory:":
                 Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["async_creator"] = sqlite_connector(self.url, {"timeout": 30})
+            kwargs["async_creator"] = sqlite_connector(self.url, {"timeout": BUSY_TIMEOUT_S})
         else:
             # No pre-ping: it costs a round trip per checkout on the hot ingest path; stale
             # connections are recycled instead and a failed group is retried by the writer.
@@ -141,7 +144,7 @@ def _configure_sqlite(sync_engine: Any) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
@@ -149,9 +152,13 @@ def _configure_sqlite(sync_engine: Any) -> None:
     def _on_begin(conn: Any) -> None:
         if conn.get_execution_options().get(_NO_BEGIN):
             return  # Database.reader: each statement is a transaction of its own
-        # BEGIN IMMEDIATE takes the write lock up front, so two writers queue on
-        # busy_timeout instead of one failing with "database is locked" on upgrade.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # BEGIN IMMEDIATE takes the write lock up front, so two writers queue for it
+        # instead of one failing with "database is locked" on upgrade; the wait is the
+        # driver's (short even steps, not SQLite's busy handler: begin_immediate).
+        try:
+            await_(conn.connection.driver_connection.begin_immediate())
+        except sqlite3.Error as exc:  # raised as a statement's error would be
+            raise DBAPIError.instance("BEGIN IMMEDIATE", None, exc, sqlite3.Error) from exc
 
 
 async def run_in_connection(conn: AsyncConnection, sql: str) -> None:
