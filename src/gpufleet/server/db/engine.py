@@ -154,7 +154,7 @@ def _configure_sqlite(sync_engine: Any) -> None:
             return  # Database.reader: each statement is a transaction of its own
         # BEGIN IMMEDIATE takes the write lock up front, so two writers queue for it
         # instead of one failing with "database is locked" on upgrade; the wait is the
-        # driver's (short even steps, not SQLite's busy handler: begin_immediate).
+        # driver's (short steps, not SQLite's busy handler: begin_immediate).
         try:
             await_(conn.connection.driver_connection.begin_immediate())
         except sqlite3.Error as exc:  # raised as a statement's error would be
