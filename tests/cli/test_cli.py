@@ -512,3 +512,28 @@ def test_checks_parse_takes_the_tools_own_names(
 def test_checks_parse_an_unknown_tool_is_exit_2(cli: Callable[..., Any], tmp_path: Path) -> None:
     result = cli("checks", "parse", "nvbandwidth", str(tmp_path / "x"))
     assert result.exit_code == 2 and "all_reduce_perf" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "empty"),
+    [
+        (("nodes", "list"), "/api/v1/nodes", "no nodes"),
+        (("events",), "/api/v1/events", "no events"),
+        (("findings",), "/api/v1/findings", "no findings"),
+        (("projects", "list"), "/api/v1/projects", "no projects"),
+        (("audit", "list"), "/api/v1/audit", "no audit entries"),
+    ],
+)
+def test_an_empty_list_says_so(
+    cli: Callable[..., Any], api: FakeApi, args: tuple[str, ...], path: str, empty: str
+) -> None:
+    """A table with no rows is followed by what it would have listed (kubectl's "No
+    resources found"), so an empty answer does not read as a cut-off one; JSON stays the
+    API's page."""
+    api.routes[("GET", path)] = lambda _: page()
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == empty
+    as_json = cli(*args, "-o", "json")
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout)["items"] == []

@@ -10,7 +10,16 @@ from rich.text import Text
 
 from gpufleet.cli import config
 from gpufleet.cli.events import parse_since
-from gpufleet.cli.output import OutputFormat, OutputOpt, emit, fmt_time, plain, print_table, table
+from gpufleet.cli.output import (
+    OutputFormat,
+    OutputOpt,
+    emit,
+    fmt_time,
+    note,
+    plain,
+    print_table,
+    table,
+)
 from gpufleet.cli.paging import collect
 from gpufleet.core.access import AuditEntry
 from gpufleet.core.models import Page
@@ -34,6 +43,8 @@ def _render(page: Page[AuditEntry]) -> None:
             plain(json.dumps(e.detail, ensure_ascii=False)[:120]),
         )
     print_table(t)
+    if not page.items:
+        note("no audit entries")
 
 
 @app.command("list")

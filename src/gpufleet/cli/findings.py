@@ -15,6 +15,7 @@ from gpufleet.cli.output import (
     OutputOpt,
     emit,
     fmt_age,
+    note,
     plain,
     print_table,
     styled,
@@ -81,5 +82,7 @@ def list_findings(
                 plain(f.evidence),
             )
         print_table(t)
+        if not p.items:
+            note("no findings")
 
     emit(output, page, render)

@@ -45,6 +45,8 @@ def _render(hosts: list[Host]) -> None:
             plain(h.node_id or "-"),
         )
     print_table(t)
+    if not hosts:
+        note("no hosts")
 
 
 def _render_one(host: Host) -> None:

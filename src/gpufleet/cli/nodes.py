@@ -56,7 +56,9 @@ def _render_list(page: Page[Node]) -> None:
             plain(n.id),
         )
     print_table(t)
-    if page.next_cursor:
+    if not page.items:
+        note("no nodes")
+    elif page.next_cursor:
         note(f"showing the first {len(page.items)} nodes; raise --limit for more")
 
 

@@ -33,6 +33,8 @@ def _render_list(page: Page[Project]) -> None:
     for p in page.items:
         t.add_row(plain(p.name), plain(p.id), fmt_time(p.created_at), plain(p.description))
     print_table(t)
+    if not page.items:
+        note("no projects")
 
 
 def _render_one(p: Project) -> None:
@@ -98,6 +100,8 @@ def _render_members(members: list[Member]) -> None:
             fmt_time(m.created_at),
         )
     print_table(t)
+    if not members:
+        note("no members")
 
 
 def _render_member(m: Member) -> None:

@@ -14,6 +14,7 @@ from gpufleet.cli.output import (
     emit,
     fields,
     fmt_time,
+    note,
     plain,
     print_json,
     print_table,
@@ -47,6 +48,8 @@ def list_stacks(ctx: typer.Context, output: OutputOpt = OutputFormat.TABLE) -> N
             fmt_time(s.created_at),
         )
     print_table(t)
+    if not stacks:
+        note("no stacks")
 
 
 @app.command("show")

@@ -96,6 +96,8 @@ def _render_tokens(tokens: list[ApiToken]) -> None:
             state,
         )
     print_table(t)
+    if not tokens:
+        note("no tokens")
 
 
 @app.command("list")

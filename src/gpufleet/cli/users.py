@@ -12,6 +12,7 @@ from gpufleet.cli.output import (
     OutputOpt,
     emit,
     fmt_time,
+    note,
     plain,
     print_json,
     print_table,
@@ -34,6 +35,8 @@ def _render(users: list[User]) -> None:
             fmt_time(u.created_at),
         )
     print_table(t)
+    if not users:
+        note("no users")
 
 
 def _render_one(user: User) -> None:

@@ -40,6 +40,8 @@ def _render(volumes: list[Volume]) -> None:
             fmt_time(v.updated_at),
         )
     print_table(t)
+    if not volumes:
+        note("no volumes")
 
 
 def _render_one(volume: Volume) -> None:
