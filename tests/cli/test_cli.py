@@ -522,6 +522,8 @@ def test_checks_parse_an_unknown_tool_is_exit_2(cli: Callable[..., Any], tmp_pat
         (("findings",), "/api/v1/findings", "no findings"),
         (("projects", "list"), "/api/v1/projects", "no projects"),
         (("audit", "list"), "/api/v1/audit", "no audit entries"),
+        (("clusters", "list"), "/api/v1/clusters", "no clusters"),
+        (("repairs", "list"), "/api/v1/repairs", "no repairs"),
     ],
 )
 def test_an_empty_list_says_so(

@@ -83,9 +83,7 @@ def _render_list(page: Page[AcceptanceRun]) -> None:
             fmt_age(r.created_at),
             plain(r.detail),
         )
-    print_table(t)
-    if not page.items:
-        note("no acceptance runs")
+    print_table(t, empty="no acceptance runs")
 
 
 def _render_one(r: AcceptanceRun) -> None:

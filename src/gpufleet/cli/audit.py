@@ -10,16 +10,7 @@ from rich.text import Text
 
 from gpufleet.cli import config
 from gpufleet.cli.events import parse_since
-from gpufleet.cli.output import (
-    OutputFormat,
-    OutputOpt,
-    emit,
-    fmt_time,
-    note,
-    plain,
-    print_table,
-    table,
-)
+from gpufleet.cli.output import OutputFormat, OutputOpt, emit, fmt_time, plain, print_table, table
 from gpufleet.cli.paging import collect
 from gpufleet.core.access import AuditEntry
 from gpufleet.core.models import Page
@@ -42,9 +33,7 @@ def _render(page: Page[AuditEntry]) -> None:
             plain(e.source_ip or "-"),
             plain(json.dumps(e.detail, ensure_ascii=False)[:120]),
         )
-    print_table(t)
-    if not page.items:
-        note("no audit entries")
+    print_table(t, empty="no audit entries")
 
 
 @app.command("list")

@@ -133,10 +133,8 @@ def _render_actions(page: Page[AutoscaleAction]) -> None:
             plain(a.reasons[0] if a.reasons else a.detail),
             plain(a.id),
         )
-    print_table(t)
-    if not page.items:
-        note("no autoscaling actions yet")
-    elif page.next_cursor is not None:
+    print_table(t, empty="no autoscaling actions yet")
+    if page.next_cursor is not None:
         note("more: raise --limit")
 
 

@@ -207,10 +207,8 @@ def _render_runs(page: Page[CheckRun]) -> None:
             fmt_age(r.created_at),
             plain(r.detail),
         )
-    print_table(t)
-    if not page.items:
-        note("no check runs")
-    elif page.next_cursor:
+    print_table(t, empty="no check runs")
+    if page.next_cursor:
         note(f"showing the first {len(page.items)} runs; raise --limit for more")
 
 

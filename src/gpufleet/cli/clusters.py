@@ -91,9 +91,7 @@ def _render_list(page: Page[Cluster]) -> None:
             c.scheduler.value,
             plain(c.id),
         )
-    print_table(t)
-    if not page.items:
-        note("no clusters")
+    print_table(t, empty="no clusters")
 
 
 def _node_rows(nodes: NodeCounts | None) -> list[tuple[str, Text | str]]:

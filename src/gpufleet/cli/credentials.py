@@ -43,9 +43,7 @@ def _render(items: list[StoredCredential]) -> None:
             fmt_time(c.created_at),
             fmt_time(c.rotated_at) if c.rotated_at else plain("-"),
         )
-    print_table(t)
-    if not items:
-        note("no credentials")
+    print_table(t, empty="no credentials")
 
 
 def _render_one(item: StoredCredential) -> None:

@@ -11,16 +11,7 @@ from rich.text import Text
 
 from gpufleet.cli import config
 from gpufleet.cli.node_ref import NODE_HELP, find_node
-from gpufleet.cli.output import (
-    OutputFormat,
-    OutputOpt,
-    emit,
-    fmt_time,
-    note,
-    plain,
-    print_table,
-    table,
-)
+from gpufleet.cli.output import OutputFormat, OutputOpt, emit, fmt_time, plain, print_table, table
 from gpufleet.cli.paging import collect
 from gpufleet.client.api import ApiClient
 from gpufleet.client.errors import ApiError
@@ -134,8 +125,6 @@ def list_events(
                 plain(e.actor),
                 plain(e.message),
             )
-        print_table(t)
-        if not p.items:
-            note("no events")
+        print_table(t, empty="no events")
 
     emit(output, page, render)

@@ -15,7 +15,6 @@ from gpufleet.cli.output import (
     OutputOpt,
     emit,
     fmt_age,
-    note,
     plain,
     print_table,
     styled,
@@ -81,8 +80,6 @@ def list_findings(
                 Text("open", style="red") if f.cleared_at is None else Text("cleared", "green"),
                 plain(f.evidence),
             )
-        print_table(t)
-        if not p.items:
-            note("no findings")
+        print_table(t, empty="no findings")
 
     emit(output, page, render)

@@ -44,9 +44,7 @@ def _render(hosts: list[Host]) -> None:
             plain(h.state.value),
             plain(h.node_id or "-"),
         )
-    print_table(t)
-    if not hosts:
-        note("no hosts")
+    print_table(t, empty="no hosts")
 
 
 def _render_one(host: Host) -> None:

@@ -55,10 +55,8 @@ def _render_list(page: Page[Node]) -> None:
             fmt_age(n.last_report_at),
             plain(n.id),
         )
-    print_table(t)
-    if not page.items:
-        note("no nodes")
-    elif page.next_cursor:
+    print_table(t, empty="no nodes")
+    if page.next_cursor:
         note(f"showing the first {len(page.items)} nodes; raise --limit for more")
 
 

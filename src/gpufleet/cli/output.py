@@ -186,8 +186,13 @@ def counts(values: dict[str, int], styles: dict[str, str]) -> Text:
     return out
 
 
-def print_table(t: Table) -> None:
+def print_table(t: Table, *, empty: str | None = None) -> None:
+    """Print ``t``; ``empty``, what a list table would have listed ("no findings"), is
+    printed after it when it has no rows, so an empty answer does not read as a cut-off
+    one (JSON output has no such line: it is the API's page)."""
     stdout().print(t)
+    if empty is not None and not t.row_count:
+        note(empty)
 
 
 def note(message: str) -> None:

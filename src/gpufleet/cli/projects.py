@@ -32,9 +32,7 @@ def _render_list(page: Page[Project]) -> None:
     t = table("NAME", "ID", "CREATED", "DESCRIPTION")
     for p in page.items:
         t.add_row(plain(p.name), plain(p.id), fmt_time(p.created_at), plain(p.description))
-    print_table(t)
-    if not page.items:
-        note("no projects")
+    print_table(t, empty="no projects")
 
 
 def _render_one(p: Project) -> None:
@@ -99,9 +97,7 @@ def _render_members(members: list[Member]) -> None:
             plain(m.source),
             fmt_time(m.created_at),
         )
-    print_table(t)
-    if not members:
-        note("no members")
+    print_table(t, empty="no members")
 
 
 def _render_member(m: Member) -> None:

@@ -98,10 +98,8 @@ def _render_list(page: Page[Repair]) -> None:
             fmt_age(r.created_at),
             plain(r.detail),
         )
-    print_table(t)
-    if not page.items:
-        note("no repairs")
-    elif page.next_cursor:
+    print_table(t, empty="no repairs")
+    if page.next_cursor:
         note(f"showing the first {len(page.items)} repairs; raise --limit for more")
 
 

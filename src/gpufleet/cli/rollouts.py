@@ -18,7 +18,6 @@ from gpufleet.cli.output import (
     emit,
     fields,
     fmt_time,
-    note,
     plain,
     print_json,
     print_table,
@@ -126,9 +125,7 @@ def _render_list(rollouts: list[Rollout]) -> None:
             counts(r.counts, NODE_STYLES),
             fmt_time(r.created_at),
         )
-    print_table(t)
-    if not rollouts:
-        note("no rollouts")
+    print_table(t, empty="no rollouts")
 
 
 @app.command("list")

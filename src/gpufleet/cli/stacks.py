@@ -14,7 +14,6 @@ from gpufleet.cli.output import (
     emit,
     fields,
     fmt_time,
-    note,
     plain,
     print_json,
     print_table,
@@ -47,9 +46,7 @@ def list_stacks(ctx: typer.Context, output: OutputOpt = OutputFormat.TABLE) -> N
             plain(s.os_image),
             fmt_time(s.created_at),
         )
-    print_table(t)
-    if not stacks:
-        note("no stacks")
+    print_table(t, empty="no stacks")
 
 
 @app.command("show")

@@ -95,9 +95,7 @@ def _render_tokens(tokens: list[ApiToken]) -> None:
             fmt_age(tok.last_used_at),
             state,
         )
-    print_table(t)
-    if not tokens:
-        note("no tokens")
+    print_table(t, empty="no tokens")
 
 
 @app.command("list")

@@ -12,7 +12,6 @@ from gpufleet.cli.output import (
     OutputOpt,
     emit,
     fmt_time,
-    note,
     plain,
     print_json,
     print_table,
@@ -34,9 +33,7 @@ def _render(users: list[User]) -> None:
             "yes" if u.is_owner else "",
             fmt_time(u.created_at),
         )
-    print_table(t)
-    if not users:
-        note("no users")
+    print_table(t, empty="no users")
 
 
 def _render_one(user: User) -> None:

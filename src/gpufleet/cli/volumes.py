@@ -39,9 +39,7 @@ def _render(volumes: list[Volume]) -> None:
             plain(", ".join(v.cluster_ids) or "-"),
             fmt_time(v.updated_at),
         )
-    print_table(t)
-    if not volumes:
-        note("no volumes")
+    print_table(t, empty="no volumes")
 
 
 def _render_one(volume: Volume) -> None:
